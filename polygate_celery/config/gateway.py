@@ -1,0 +1,86 @@
+"""Configuration: the gateway model, defaults merging and the cross-field rules."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from pydantic import Field, model_validator
+
+from polygate_celery.config.models import (
+    Name,
+    QuotaConfig,
+    ScopeConfig,
+    ScopeSettings,
+    SourceConfig,
+    SourceSettings,
+    _Strict,
+    deep_merge,
+)
+from polygate_celery.errors import ConfigError
+
+
+class GatewayConfig(_Strict):
+    """Sources, shared quotas and scopes. `*_defaults` apply under every entry."""
+
+    source_defaults: SourceSettings = SourceSettings()
+    scope_defaults: ScopeSettings = ScopeSettings()
+    sources: dict[Name, SourceConfig] = Field(default_factory=dict)
+    quotas: dict[Name, QuotaConfig] = Field(default_factory=dict)
+    scopes: dict[Name, ScopeConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for table, defaults_key in (("sources", "source_defaults"), ("scopes", "scope_defaults")):
+            defaults = data.get(defaults_key)
+            entries = data.get(table)
+            if isinstance(defaults, dict) and isinstance(entries, dict):
+                data[table] = {
+                    name: deep_merge(defaults, entry) if isinstance(entry, dict) else entry
+                    for name, entry in entries.items()
+                }
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Self:
+        problems: list[tuple[str, str]] = []
+        for name, source in self.sources.items():
+            if source.quota is not None and source.quota not in self.quotas:
+                problems.append((f"sources.{name}.quota", f"no quota named {source.quota!r}"))
+        for name, scope in self.scopes.items():
+            path = f"scopes.{name}"
+            for i, source_name in enumerate(scope.sources):
+                if source_name not in self.sources:
+                    problems.append((f"{path}.sources.{i}", f"no source named {source_name!r}"))
+            if scope.backoff_max_s < scope.backoff_base_s:
+                problems.append((f"{path}.backoff_max_s", "must be at least backoff_base_s"))
+            # Conservative and, under the two-budget model, redundant: time to the
+            # first token is productive attempt time and never burns the stall
+            # budget. Kept as a cheap guard against a clearly inconsistent setup.
+            ttfts = [
+                self.sources[s].ttft_timeout_s
+                for s in scope.sources
+                if s in self.sources and self.sources[s].ttft_timeout_s is not None
+            ]
+            worst = max((t for t in ttfts if t is not None), default=None)
+            if worst is not None and scope.stall_window_s < worst:
+                problems.append(
+                    (
+                        f"{path}.stall_window_s",
+                        f"must be at least the largest ttft_timeout_s of its sources ({worst:g})",
+                    )
+                )
+        if problems:
+            raise ConfigError(problems[0][0], problems[0][1], problems)
+        return self
+
+    def max_call_s(self, scope: str) -> float:
+        """The scope's hard call deadline, derived when not set."""
+        config = self.scopes[scope]
+        if config.max_call_s is not None:
+            return config.max_call_s
+        worst_timeout = max(self.sources[s].timeout_s for s in config.sources)
+        return config.max_attempts * worst_timeout + 2 * config.stall_window_s

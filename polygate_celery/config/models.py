@@ -1,0 +1,170 @@
+"""Configuration: the models of sources, quotas, scopes and the gateway (pydantic v2).
+
+Every timing field is in seconds. The two budgets of a call are orthogonal:
+`max_attempts` counts attempts that burn the retry budget (a request that runs
+its whole `timeout_s` is one of them), `stall_window_s` counts every other
+second of the call (waiting for a runnable source, backoff sleeps, 429s exempt
+from the retry budget). Neither bounds the other, so no rule ties `timeout_s`
+to `stall_window_s`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from polygate_celery.core.policy import Kind
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+"""Source, scope and quota names: lowercase (environment keys are case-folded), key-safe."""
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class BreakerConfig(_Strict):
+    failure_threshold: int = Field(
+        5, ge=1, description="consecutive transient failures that open it"
+    )
+    cooldown_s: PositiveSeconds = Field(30.0, description="open time before one half-open probe")
+    auth_cooldown_s: PositiveSeconds = Field(
+        600.0, description="open time after the source rejected its credentials (401/403)"
+    )
+
+
+class AimdConfig(_Strict):
+    increase: float = Field(1.0, gt=0, allow_inf_nan=False, description="added on each success")
+    decrease_factor: float = Field(0.5, gt=0, lt=1, description="multiplied on a 429 or timeout")
+    initial_limit: int | None = Field(None, ge=1, description="starting limit (default: the cap)")
+
+
+class SourceSettings(_Strict):
+    """Source settings that `source_defaults` may set for every source."""
+
+    timeout_s: PositiveSeconds = Field(
+        60.0, description="total deadline of one attempt (streaming: the whole stream)"
+    )
+    ttft_timeout_s: PositiveSeconds | None = Field(
+        None, description="streaming chat: limit until the first token (unset: none)"
+    )
+    stream_idle_timeout_s: PositiveSeconds = Field(30.0, description="longest gap between chunks")
+    max_concurrency: int = Field(8, ge=1, description="fleet-wide cap on requests in flight")
+    breaker: BreakerConfig = BreakerConfig()
+    aimd: AimdConfig = AimdConfig()
+
+
+class SourceConfig(SourceSettings):
+    """One model endpoint. The API key comes from exactly one of three places."""
+
+    base_url: str | None = Field(None, description="OpenAI-compatible base URL")
+    model: str | None = Field(None, description="model name sent to the endpoint")
+    api_key: SecretStr | None = Field(None, description="the key itself (prefer the two below)")
+    api_key_env: str | None = Field(None, description="name of the environment variable holding it")
+    api_key_file: Path | None = Field(None, description="file holding it (e.g. a mounted secret)")
+    rpm: int | None = Field(None, ge=1, description="requests per minute (a private quota)")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute (a private quota)")
+    quota: Name | None = Field(None, description="name of a shared quota in [quotas]")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_is_set(cls, name: str | None) -> str | None:
+        if name is not None and not os.environ.get(name):
+            raise ValueError(f"environment variable {name!r} is not set")
+        return name
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _file_is_readable(cls, path: Path | None) -> Path | None:
+        if path is None:
+            return None
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read the key file: {exc.strerror}") from None
+        if not text:
+            raise ValueError("the key file is empty")
+        return path
+
+    @model_validator(mode="after")
+    def _resolve_key(self) -> Self:
+        given = [f for f in ("api_key", "api_key_env", "api_key_file") if getattr(self, f)]
+        if len(given) > 1:
+            raise ValueError(f"set only one of api_key, api_key_env, api_key_file (got {given})")
+        if self.api_key_env:
+            self.api_key = SecretStr(os.environ[self.api_key_env])
+        elif self.api_key_file:
+            self.api_key = SecretStr(self.api_key_file.read_text(encoding="utf-8").strip())
+        if self.quota is not None and (self.rpm is not None or self.tpm is not None):
+            raise ValueError("set either rpm/tpm (a private quota) or quota (a shared one)")
+        return self
+
+
+class QuotaConfig(_Strict):
+    """A quota several sources share, e.g. one provider key used by two models."""
+
+    rpm: int | None = Field(None, ge=1, description="requests per minute")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute")
+
+
+class ScopeSettings(_Strict):
+    """Scope settings that `scope_defaults` may set for every scope."""
+
+    max_attempts: int = Field(3, ge=1, description="attempts that burn the retry budget, per call")
+    stall_window_s: PositiveSeconds = Field(
+        300.0, description="non-productive waiting per call before a stalled verdict"
+    )
+    max_call_s: PositiveSeconds | None = Field(
+        None,
+        description="hard deadline of a call "
+        "(default: max_attempts * max source timeout_s + 2 * stall_window_s)",
+    )
+    backoff_base_s: PositiveSeconds = Field(2.0, description="first backoff after a failure")
+    backoff_max_s: PositiveSeconds = Field(60.0, description="cap of the exponential backoff")
+    poll_interval_s: PositiveSeconds = Field(
+        1.0, description="wait between looks for a runnable source (jittered x0.5-1.0)"
+    )
+    retry_after_cap_s: PositiveSeconds = Field(
+        3600.0, description="upper clamp of retry_after_s on a verdict"
+    )
+    rate_limit_exempt: bool | None = Field(
+        None, description="a 429 does not burn the retry budget (default: chat yes, others no)"
+    )
+
+
+class ScopeConfig(ScopeSettings):
+    """A named pool of interchangeable sources of one kind, in priority order."""
+
+    kind: Kind = Field(description="chat, embedding or ocr")
+    sources: list[Name] = Field(min_length=1, description="source names, best first")
+
+    @field_validator("sources")
+    @classmethod
+    def _distinct(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError("a source is listed twice")
+        return names
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`, merging nested tables instead of replacing them."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,32 @@
+"""Decision core: RPM/TPM quotas as a generic cell rate algorithm (GCRA) over a 60 s period.
+
+A quota is one "theoretical arrival time" (TAT) per dimension. A request of cost
+``c`` moves the TAT by ``c * 60 / limit``; it conforms while the TAT stays within
+one period of now, so a full minute's allowance may be spent at once after an
+idle minute, and never more. Tokens are reserved from an estimate before the
+attempt and settled with the real usage after (a refund moves the TAT back).
+"""
+
+from __future__ import annotations
+
+PERIOD_S = 60.0
+
+
+def gcra_reserve(tat: float, now: float, cost: float, limit: int) -> tuple[float, float | None]:
+    """Try to spend `cost` units. Returns ``(new_tat, None)`` or ``(tat, retry_in_s)``.
+
+    A cost above the limit is charged as the whole limit: such a request is
+    admitted once the quota is fully refilled instead of never.
+    """
+    interval = PERIOD_S / limit
+    cost = min(max(cost, 0.0), float(limit))
+    new_tat = max(tat, now) + cost * interval
+    allowed_at = new_tat - PERIOD_S
+    if allowed_at > now:
+        return tat, allowed_at - now
+    return new_tat, None
+
+
+def gcra_adjust(tat: float, delta: float, limit: int) -> float:
+    """Move the TAT by `delta` units (negative refunds) after the real cost is known."""
+    return tat + delta * (PERIOD_S / limit)

@@ -1,0 +1,24 @@
+"""Decision core: the order in which a call asks the store for its scope's sources."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+
+def preference_order(
+    sources: Sequence[str],
+    excluded: Collection[str],
+    last_failure: Mapping[str, int],
+) -> list[str]:
+    """Sources to try, best first.
+
+    Configuration order is priority. A source that failed during this call goes
+    behind every source that has not, the most recent failure last, so after a
+    failure the next attempt prefers a different runnable source, and a failing
+    route is not retried while an alternative is open. Sources in `excluded`
+    (they rejected this request) are left out entirely. `last_failure` maps a
+    source to the attempt number of its latest failure in this call.
+    """
+    candidates = [s for s in sources if s not in excluded]
+    rank = {s: i for i, s in enumerate(sources)}
+    return sorted(candidates, key=lambda s: (last_failure.get(s, -1), rank[s]))

@@ -1,0 +1,150 @@
+"""Public exceptions of polygate_celery.
+
+The tree::
+
+    PolygateError
+    ├── GatewayUnavailableError        scope-level: the work may succeed later → Celery defers
+    │   ├── AllSourcesExhausted        .reason in {"stalled", "retry_exhausted", "fail_fast",
+    │   │                              "deadline"}, .retry_after_s, .scope, .attempts,
+    │   │                              .last_error, .trail
+    │   └── GovernanceBackendError     the governance store is unreachable or answered nonsense
+    ├── SourceFatalError               request-level: bad request, content policy, no source
+    │                                  left → never retried
+    └── ConfigError                    invalid configuration, raised at load time with the field
+
+Every exception keeps all of its fields in ``args``, in constructor order, as
+JSON-friendly values: Celery's JSON result backend rebuilds an exception as
+``cls(*args)``, and pickling does the same. Messages carry classified reasons
+only, never API keys, prompts or provider bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from polygate_celery.core.outcome import AttemptRecord
+
+ExhaustedReason = Literal["stalled", "retry_exhausted", "fail_fast", "deadline"]
+_REASONS = frozenset({"stalled", "retry_exhausted", "fail_fast", "deadline"})
+
+
+def _trail(trail: Iterable[AttemptRecord | dict[str, Any]]) -> tuple[AttemptRecord, ...]:
+    return tuple(AttemptRecord.from_value(r) for r in trail)
+
+
+class PolygateError(Exception):
+    """Base of every error polygate_celery raises on purpose."""
+
+
+class GatewayUnavailableError(PolygateError):
+    """The scope cannot serve now; the same work may succeed later."""
+
+
+class AllSourcesExhausted(GatewayUnavailableError):
+    """The governance loop gave up on a call, with a verdict.
+
+    `reason` is ``"stalled"`` (nothing in the scope made progress and this call
+    spent its stall budget), ``"retry_exhausted"`` (the call spent
+    `max_attempts` budget-burning attempts), ``"fail_fast"`` (nothing was
+    runnable and the caller asked not to wait) or ``"deadline"`` (the call hit
+    `max_call_s`). `retry_after_s` estimates when the scope can take work again.
+    """
+
+    def __init__(
+        self,
+        reason: ExhaustedReason,
+        scope: str,
+        retry_after_s: float,
+        attempts: int = 0,
+        last_error: str | None = None,
+        trail: Sequence[AttemptRecord | dict[str, Any]] = (),
+    ) -> None:
+        if reason not in _REASONS:
+            raise ValueError(f"unknown AllSourcesExhausted reason {reason!r}")
+        self.reason: ExhaustedReason = reason
+        self.scope = scope
+        self.retry_after_s = float(retry_after_s)
+        self.attempts = int(attempts)
+        self.last_error = last_error
+        self.trail = _trail(trail)
+        super().__init__(
+            reason,
+            scope,
+            self.retry_after_s,
+            self.attempts,
+            last_error,
+            [r.as_dict() for r in self.trail],
+        )
+
+    def __str__(self) -> str:
+        text = (
+            f"scope {self.scope!r}: {self.reason} after {self.attempts} attempt(s); "
+            f"retry after {self.retry_after_s:.3g} s"
+        )
+        if self.last_error:
+            text += f"; last error: {self.last_error}"
+        return text
+
+
+class GovernanceBackendError(GatewayUnavailableError):
+    """The governance store could not answer; no request was sent (fail closed)."""
+
+    def __init__(self, message: str, scope: str | None = None) -> None:
+        self.message = message
+        self.scope = scope
+        super().__init__(message, scope)
+
+    def __str__(self) -> str:
+        prefix = f"scope {self.scope!r}: " if self.scope else ""
+        return f"{prefix}governance store unavailable: {self.message}"
+
+
+class SourceFatalError(PolygateError):
+    """The request itself cannot be served: retrying it anywhere would not help."""
+
+    def __init__(
+        self,
+        reason: str,
+        scope: str,
+        source: str | None = None,
+        status: int | None = None,
+        trail: Sequence[AttemptRecord | dict[str, Any]] = (),
+    ) -> None:
+        self.reason = reason
+        self.scope = scope
+        self.source = source
+        self.status = status
+        self.trail = _trail(trail)
+        super().__init__(reason, scope, source, status, [r.as_dict() for r in self.trail])
+
+    @property
+    def attempts(self) -> int:
+        return len(self.trail)
+
+    def __str__(self) -> str:
+        where = f" from source {self.source!r}" if self.source else ""
+        status = f" (HTTP {self.status})" if self.status is not None else ""
+        return f"scope {self.scope!r}: fatal{where}{status}: {self.reason}"
+
+
+class ConfigError(PolygateError):
+    """Invalid configuration. `field` is the dotted path of the first bad field.
+
+    `problems` lists every ``(path, message)`` found; input values are never
+    echoed, since a bad value may be a secret.
+    """
+
+    def __init__(self, field: str, message: str, problems: Sequence[Sequence[str]] = ()) -> None:
+        self.field = field
+        self.message = message
+        self.problems: tuple[tuple[str, str], ...] = tuple(
+            (str(p[0]), str(p[1])) for p in (problems or [(field, message)])
+        )
+        super().__init__(field, message, [list(p) for p in self.problems])
+
+    def __str__(self) -> str:
+        lines = [f"{path}: {msg}" for path, msg in self.problems]
+        if len(lines) == 1:
+            return f"invalid configuration: {lines[0]}"
+        return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -1,0 +1,84 @@
+"""Governance layer: `Gateway`, the async entry point that runs governed calls.
+
+Usable without Celery. One gateway per process (per worker process under
+Celery): it holds the store, the clock, the random source and the adapters
+every call shares, while each call gets its own `StallClock`.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from polygate_celery.clock import Clock, SystemClock
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.errors import ConfigError
+from polygate_celery.governance.loop import CallResult, GovernedCall, Runtime
+from polygate_celery.governance.plan import ScopePlan
+from polygate_celery.sources.base import Source
+from polygate_celery.store.base import SourceSnapshot, Store
+from polygate_celery.store.memory import MemoryStore
+from polygate_celery.telemetry import Telemetry, TelemetryHook
+
+
+class Gateway:
+    """Runs calls to the scopes of `config` through the governance loop.
+
+    `sources` maps each source name to its adapter. `store` defaults to an
+    in-memory store on the same `clock`; `clock` to the system clock; `random`
+    (uniform draws in [0, 1) for jitter) to `random.random`. Pass a
+    `VirtualClock` and ``random=lambda: 0.0`` to run deterministically in
+    virtual time.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        sources: Mapping[str, Source],
+        *,
+        store: Store | None = None,
+        clock: Clock | None = None,
+        random: Callable[[], float] | None = None,
+        hooks: Sequence[TelemetryHook] = (),
+    ) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.store = store if store is not None else MemoryStore(self.clock)
+        used = {name for scope in config.scopes.values() for name in scope.sources}
+        missing = sorted(used - set(sources))
+        if missing:
+            raise ConfigError(f"sources.{missing[0]}", "no adapter was given for this source")
+        self._plans = {name: ScopePlan.build(config, name) for name in config.scopes}
+        self._runtime = Runtime(
+            store=self.store,
+            clock=self.clock,
+            random=random or _random.random,
+            telemetry=Telemetry(hooks),
+            sources=dict(sources),
+        )
+
+    def plan(self, scope: str) -> ScopePlan:
+        try:
+            return self._plans[scope]
+        except KeyError:
+            raise ConfigError(f"scopes.{scope}", f"no scope named {scope!r}") from None
+
+    async def call(
+        self, scope: str, payload: Any, *, est_tokens: int = 0, fail_fast: bool = False
+    ) -> CallResult:
+        """Run one governed call of `payload` in `scope`.
+
+        Returns the first success. Raises `AllSourcesExhausted` with a verdict,
+        `SourceFatalError` for a request no source can serve, or
+        `GovernanceBackendError` when the store cannot answer (nothing is sent).
+        With `fail_fast`, a call that finds nothing runnable raises at once
+        instead of waiting. `est_tokens` is reserved against TPM quotas.
+        """
+        call = GovernedCall(self._runtime, self.plan(scope), payload, est_tokens, fail_fast)
+        return await call.run()
+
+    async def snapshot(self, scope: str) -> list[SourceSnapshot]:
+        """The governance state of each source of `scope`."""
+        plan = self.plan(scope)
+        return [await self.store.snapshot(plan.terms[name]) for name in plan.sources]

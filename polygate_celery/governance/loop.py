@@ -1,0 +1,373 @@
+"""Governance layer: the one loop every governed call runs, whatever its kind (SPEC §3).
+
+Chat, embedding and OCR differ only by their `KindPolicy`. Per call:
+
+* a `StallClock` splits the call's time between the retry budget (attempts
+  that burn `max_attempts`) and the stall budget (everything else, including a
+  429 exempt from the retry budget);
+* the stall verdict (`AllSourcesExhausted("stalled")`) needs both this call's
+  stall time and the scope's progress age (store clock) past `stall_window_s`;
+  it is checked at every poll for a runnable source and, for exempt policies,
+  at the top of every iteration;
+* `max_call_s` is a hard deadline: every wait and every attempt is cut to it.
+
+Overshoot bound (SPEC §3 rule 13). Let t* be the first instant at which both
+stall conditions hold while the call is in a non-productive step. Checkpoints
+sit at the end of every non-productive step for exempt policies (top of the
+loop, and every poll) and at every poll otherwise, so the verdict arrives by
+the end of the step that contains t*:
+
+* a poll for a runnable source: at most ``poll_interval_s`` (jitter ≤ 1.0);
+* a backoff: at most ``backoff_max_s``;
+* an exempt 429 attempt and its backoff: at most the source's ``timeout_s``
+  plus ``backoff_max_s``.
+
+Hence ``t_verdict - t* <= max(poll_interval_s, max_timeout_s + backoff_max_s)``
+for exempt policies and ``<= poll_interval_s`` otherwise, where for
+non-exempt policies t* is counted only while the call waits for a runnable
+source (the one place their verdict is given). `tests/property` checks this
+bound on random scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from polygate_celery.clock import Clock
+from polygate_celery.core.backoff import backoff_delay, jitter
+from polygate_celery.core.breaker import Effect, effect_of
+from polygate_celery.core.outcome import AttemptRecord, Outcome, OutcomeKind
+from polygate_celery.core.selection import preference_order
+from polygate_celery.core.stall import StallClock, is_stalled
+from polygate_celery.errors import AllSourcesExhausted, ExhaustedReason, SourceFatalError
+from polygate_celery.governance.plan import ScopePlan
+from polygate_celery.sources.base import Source
+from polygate_celery.store.base import AdmitRequest, Denial, Grant, Settlement, Store
+from polygate_celery.telemetry import (
+    AttemptEvent,
+    SourceAlertEvent,
+    Telemetry,
+    VerdictEvent,
+    WaitEvent,
+)
+
+logger = logging.getLogger("polygate_celery")
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """A governed call's answer, who served it, what it cost, and how it got there."""
+
+    value: Any
+    source: str
+    model: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    attempts: tuple[AttemptRecord, ...]
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What every call of one gateway shares."""
+
+    store: Store
+    clock: Clock
+    random: Callable[[], float]
+    telemetry: Telemetry
+    sources: Mapping[str, Source]
+
+
+class GovernedCall:
+    """One call through the loop. Created per call; its state is never shared."""
+
+    def __init__(
+        self, rt: Runtime, plan: ScopePlan, payload: Any, est_tokens: int, fail_fast: bool
+    ) -> None:
+        self.rt = rt
+        self.plan = plan
+        self.payload = payload
+        self.est_tokens = est_tokens
+        self.fail_fast = fail_fast
+        self.clock = StallClock(rt.clock.now)
+        self.deadline = self.clock.entered_at + plan.max_call_s
+        self.fails = 0
+        self.trail: list[AttemptRecord] = []
+        self.excluded: set[str] = set()
+        self.last_failure: dict[str, int] = {}
+        self.reopen_at: float | None = None
+        self.last_error: str | None = None
+
+    async def run(self) -> CallResult:
+        try:
+            result = await self._loop()
+        except AllSourcesExhausted as exc:
+            self._emit_verdict(exc.reason, exc.retry_after_s)
+            raise
+        except SourceFatalError as exc:
+            self._emit_verdict("fatal", None, exc.source)
+            raise
+        self._emit_verdict("success", None, result.source)
+        return result
+
+    async def _loop(self) -> CallResult:
+        plan = self.plan
+        while True:
+            if plan.policy.rate_limit_exempt:
+                await self._raise_if_stalled()
+            if self.rt.clock.now() >= self.deadline:
+                raise self._exhausted("deadline")
+            order = preference_order(plan.sources, self.excluded, self.last_failure)
+            admission = await self.rt.store.admit(
+                AdmitRequest(
+                    scope=plan.name,
+                    candidates=tuple(plan.terms[s] for s in order),
+                    permit_id=uuid.uuid4().hex,
+                    est_tokens=self.est_tokens,
+                )
+            )
+            if isinstance(admission, Denial):
+                await self._on_no_runnable(admission, order)
+                continue
+            outcome = await self._attempt(admission)
+            if outcome.kind is OutcomeKind.SUCCESS:
+                return self._result(admission.source, outcome)
+            self._count_failure(admission.source, outcome)
+            if self.fails >= plan.max_attempts:
+                raise self._exhausted("retry_exhausted")
+            delay = backoff_delay(
+                self.fails, plan.backoff_base_s, plan.backoff_max_s, self.rt.random()
+            )
+            await self._wait("backoff", delay)
+
+    # -- waiting -----------------------------------------------------------------
+
+    async def _on_no_runnable(self, denial: Denial, order: list[str]) -> None:
+        now = self.rt.clock.now()
+        self.reopen_at = None if denial.reopen_in_s is None else now + denial.reopen_in_s
+        if self.fail_fast:
+            raise self._exhausted("fail_fast")
+        await self._raise_if_stalled()
+        delay = self.plan.poll_interval_s * jitter(self.rt.random())
+        await self._wait("no_runnable", delay, order, denial)
+
+    async def _raise_if_stalled(self) -> None:
+        stalled_s = self.clock.stalled_s()
+        window = self.plan.stall_window_s
+        if stalled_s <= window:
+            return  # the store is asked only when this call's own budget is spent
+        progress_age_s = await self.rt.store.progress_age_s(self.plan.name)
+        if is_stalled(stalled_s, progress_age_s, window):
+            raise self._exhausted("stalled")
+
+    async def _wait(
+        self,
+        cause: Literal["no_runnable", "backoff"],
+        delay: float,
+        wake_on_release: list[str] | None = None,
+        denial: Denial | None = None,
+    ) -> None:
+        """Sleep `delay` (cut to the deadline); a poll also wakes when a permit is released."""
+        started = self.rt.clock.now()
+        delay = min(delay, self.deadline - started)
+        if delay <= 0:
+            return
+        if wake_on_release:
+            await self._sleep_or_release(delay, wake_on_release)
+        else:
+            await self.rt.clock.sleep(delay)
+        self.rt.telemetry.emit(
+            WaitEvent(
+                scope=self.plan.name,
+                cause=cause,
+                started_s=started - self.clock.entered_at,
+                seconds=self.rt.clock.now() - started,
+                blocked=denial.blocked if denial else (),
+            )
+        )
+
+    async def _sleep_or_release(self, delay: float, sources: list[str]) -> None:
+        sleeper = asyncio.ensure_future(self.rt.clock.sleep(delay))
+        waker = asyncio.ensure_future(self.rt.store.wait_for_release(sources))
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()
+        if waker.done() and not waker.cancelled() and waker.exception() is not None:
+            # Waking early is an optimisation; the poll timer still bounds the wait.
+            logger.debug("wait_for_release failed", exc_info=waker.exception())
+
+    # -- attempting --------------------------------------------------------------
+
+    async def _attempt(self, grant: Grant) -> Outcome:
+        source = grant.source
+        started = self.rt.clock.now()
+        timeout_s = min(self.plan.timeouts[source], self.deadline - started)
+        with self.clock.attempting() as attempt:
+            outcome = await self._send_and_settle(grant, timeout_s)
+            exempt = self.plan.policy.rate_limit_exempt
+            if outcome.kind is OutcomeKind.RATE_LIMITED and exempt:
+                attempt.refund()
+            record = AttemptRecord(
+                source=source,
+                outcome=outcome.kind.value,
+                seconds=self.rt.clock.now() - started,
+                started_s=started - self.clock.entered_at,
+                status=outcome.status,
+                reason=outcome.reason,
+                burned_budget=not attempt.refunded,
+            )
+            self.trail.append(record)
+            self.rt.telemetry.emit(
+                AttemptEvent(
+                    scope=self.plan.name,
+                    source=source,
+                    attempt=len(self.trail),
+                    outcome=record.outcome,
+                    started_s=record.started_s,
+                    seconds=record.seconds,
+                    status=record.status,
+                    reason=record.reason,
+                    burned_budget=record.burned_budget,
+                )
+            )
+        return outcome
+
+    async def _send_and_settle(self, grant: Grant, timeout_s: float) -> Outcome:
+        terms = self.plan.terms[grant.source]
+        try:
+            outcome = await self.rt.sources[grant.source].send(self.payload, timeout_s=timeout_s)
+        except BaseException:
+            await self._release(grant)
+            raise
+        effect = effect_of(outcome.kind, outcome.credentials_rejected)
+        settlement = Settlement(
+            scope=self.plan.name,
+            source=terms,
+            permit_id=grant.permit_id,
+            admitted_at=grant.admitted_at,
+            effect=effect,
+            congested=outcome.kind is OutcomeKind.RATE_LIMITED or outcome.timed_out,
+            pause_s=outcome.retry_after_s if outcome.kind is OutcomeKind.RATE_LIMITED else None,
+            est_tokens=self.est_tokens,
+            used_tokens=outcome.used_tokens if outcome.kind is OutcomeKind.SUCCESS else None,
+        )
+        if effect is Effect.AUTH_FAILURE:
+            self._alert_credentials(grant.source)
+        try:
+            await self.rt.store.settle(settlement)
+        except Exception:
+            if outcome.kind is not OutcomeKind.SUCCESS:
+                raise
+            # A paid result is never discarded because its bookkeeping failed.
+            logger.error(
+                "scope %r: recording a success of source %r failed; result returned",
+                self.plan.name,
+                grant.source,
+                exc_info=True,
+            )
+        return outcome
+
+    async def _release(self, grant: Grant) -> None:
+        """Give the permit back after an attempt that did not finish (e.g. cancelled)."""
+        settlement = Settlement(
+            scope=self.plan.name,
+            source=self.plan.terms[grant.source],
+            permit_id=grant.permit_id,
+            admitted_at=grant.admitted_at,
+            effect=Effect.NEUTRAL,
+            est_tokens=self.est_tokens,
+        )
+        try:
+            # Shielded: a second cancellation must not interrupt the release itself.
+            await asyncio.shield(self.rt.store.settle(settlement))
+        except BaseException:
+            logger.warning(
+                "scope %r: releasing permit of %r failed; its lease will expire",
+                self.plan.name,
+                grant.source,
+                exc_info=True,
+            )
+
+    def _alert_credentials(self, source: str) -> None:
+        pause = self.plan.terms[source].breaker.auth_cooldown_s
+        logger.error("source %r rejected its credentials; breaker open for %gs", source, pause)
+        self.rt.telemetry.emit(SourceAlertEvent(source, "credentials rejected", pause))
+
+    # -- verdicts ----------------------------------------------------------------
+
+    def _count_failure(self, source: str, outcome: Outcome) -> None:
+        status = f" (HTTP {outcome.status})" if outcome.status is not None else ""
+        reason = f": {outcome.reason}" if outcome.reason else ""
+        self.last_error = f"{source}: {outcome.kind.value}{status}{reason}"
+        if outcome.kind is OutcomeKind.FATAL:
+            raise SourceFatalError(
+                outcome.reason or "fatal", self.plan.name, source, outcome.status, self.trail
+            )
+        self.last_failure[source] = len(self.trail)
+        if outcome.kind is OutcomeKind.RATE_LIMITED:
+            if outcome.retry_after_s is not None:
+                self.reopen_at = self.rt.clock.now() + outcome.retry_after_s
+            if self.plan.policy.rate_limit_exempt:
+                return
+        self.fails += 1
+        if outcome.kind is OutcomeKind.REJECTED:
+            self.excluded.add(source)
+            if self.excluded.issuperset(self.plan.sources):
+                raise SourceFatalError(
+                    f"no source left: {outcome.reason or 'rejected'}",
+                    self.plan.name,
+                    source,
+                    outcome.status,
+                    self.trail,
+                )
+
+    def _exhausted(self, reason: ExhaustedReason) -> AllSourcesExhausted:
+        return AllSourcesExhausted(
+            reason,
+            self.plan.name,
+            self._retry_after_s(),
+            attempts=len(self.trail),
+            last_error=self.last_error,
+            trail=self.trail,
+        )
+
+    def _retry_after_s(self) -> float:
+        """Soonest known reopening of the scope, clamped (SPEC §3 rule 7)."""
+        if self.reopen_at is None:
+            estimate = self.plan.stall_window_s
+        else:
+            estimate = self.reopen_at - self.rt.clock.now()
+        return min(max(estimate, self.plan.poll_interval_s), self.plan.retry_after_cap_s)
+
+    def _result(self, source: str, outcome: Outcome) -> CallResult:
+        return CallResult(
+            value=outcome.value,
+            source=source,
+            model=outcome.model or self.plan.models.get(source),
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            attempts=tuple(self.trail),
+            elapsed_s=self.clock.elapsed_s(),
+        )
+
+    def _emit_verdict(
+        self, verdict: str, retry_after_s: float | None, source: str | None = None
+    ) -> None:
+        self.rt.telemetry.emit(
+            VerdictEvent(
+                scope=self.plan.name,
+                verdict=verdict,
+                attempts=len(self.trail),
+                elapsed_s=self.clock.elapsed_s(),
+                stalled_s=self.clock.stalled_s(),
+                retry_after_s=retry_after_s,
+                source=source,
+            )
+        )

@@ -1,0 +1,75 @@
+"""Governance layer: a scope's configuration resolved into what one call needs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.config.models import SourceConfig
+from polygate_celery.core.policy import KindPolicy, policy_for
+from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
+
+
+def source_terms(config: GatewayConfig, name: str) -> SourceTerms:
+    """The governance terms of source `name`, with its private or shared quota."""
+    source: SourceConfig = config.sources[name]
+    quota: QuotaTerms | None = None
+    if source.quota is not None:
+        shared = config.quotas[source.quota]
+        quota = QuotaTerms(name=f"shared:{source.quota}", rpm=shared.rpm, tpm=shared.tpm)
+    elif source.rpm is not None or source.tpm is not None:
+        quota = QuotaTerms(name=f"source:{name}", rpm=source.rpm, tpm=source.tpm)
+    return SourceTerms(
+        name=name,
+        max_concurrency=source.max_concurrency,
+        breaker=BreakerTerms(
+            failure_threshold=source.breaker.failure_threshold,
+            cooldown_s=source.breaker.cooldown_s,
+            auth_cooldown_s=source.breaker.auth_cooldown_s,
+        ),
+        aimd=AimdTerms(
+            increase=source.aimd.increase,
+            decrease_factor=source.aimd.decrease_factor,
+            initial_limit=source.aimd.initial_limit,
+        ),
+        quota=quota,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScopePlan:
+    """Everything the loop reads about a scope, resolved once per gateway."""
+
+    name: str
+    policy: KindPolicy
+    sources: tuple[str, ...]
+    terms: Mapping[str, SourceTerms]
+    timeouts: Mapping[str, float]
+    models: Mapping[str, str | None]
+    max_attempts: int
+    stall_window_s: float
+    max_call_s: float
+    backoff_base_s: float
+    backoff_max_s: float
+    poll_interval_s: float
+    retry_after_cap_s: float
+
+    @classmethod
+    def build(cls, config: GatewayConfig, name: str) -> ScopePlan:
+        scope = config.scopes[name]
+        return cls(
+            name=name,
+            policy=policy_for(scope.kind, scope.rate_limit_exempt),
+            sources=tuple(scope.sources),
+            terms={s: source_terms(config, s) for s in scope.sources},
+            timeouts={s: config.sources[s].timeout_s for s in scope.sources},
+            models={s: config.sources[s].model for s in scope.sources},
+            max_attempts=scope.max_attempts,
+            stall_window_s=scope.stall_window_s,
+            max_call_s=config.max_call_s(name),
+            backoff_base_s=scope.backoff_base_s,
+            backoff_max_s=scope.backoff_max_s,
+            poll_interval_s=scope.poll_interval_s,
+            retry_after_cap_s=scope.retry_after_cap_s,
+        )

@@ -1,0 +1,23 @@
+"""Store layer: governance state behind one protocol of atomic operations."""
+
+from polygate_celery.store.base import (
+    AdmitRequest,
+    BlockReason,
+    Denial,
+    Grant,
+    Settlement,
+    SourceSnapshot,
+    Store,
+)
+from polygate_celery.store.memory import MemoryStore
+
+__all__ = [
+    "AdmitRequest",
+    "BlockReason",
+    "Denial",
+    "Grant",
+    "MemoryStore",
+    "Settlement",
+    "SourceSnapshot",
+    "Store",
+]

@@ -1,0 +1,122 @@
+"""Store layer: the protocol of atomic governance operations every store implements.
+
+Each operation is one atomic step, so the Redis store can run each as a single
+Lua script: `admit` (selection + permit + breaker + AIMD + pause + quota) and
+`settle` (release + breaker + AIMD + pause + quota + progress) are the two round
+trips of a successful attempt. The algorithms (breaker, AIMD, GCRA) are the
+decision core's; a store only keeps their state and applies them atomically.
+
+Times a store hands back are durations, never instants: the store keeps its own
+clock (Redis ``TIME``), the loop keeps the local monotonic one, and the two are
+never mixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from polygate_celery.core.breaker import BreakerMode, Effect
+from polygate_celery.core.terms import SourceTerms
+
+BlockReason = Literal["paused", "breaker_open", "probe_in_flight", "at_capacity", "quota"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitRequest:
+    """Ask for a permit at the first runnable source of `candidates` (best first).
+
+    `permit_id` is chosen by the caller so that a retried admit is idempotent.
+    """
+
+    scope: str
+    candidates: tuple[SourceTerms, ...]
+    permit_id: str
+    est_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A permit at `source`. `admitted_at` is in the store's clock (for AIMD episodes)."""
+
+    source: str
+    permit_id: str
+    admitted_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """No candidate was runnable.
+
+    `reopen_in_s` is the soonest known time until one may be, or None when no
+    blocker has a known end (every source is at capacity or probing).
+    """
+
+    reopen_in_s: float | None
+    blocked: tuple[tuple[str, BlockReason], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The end of the attempt that held `permit_id`, and what the store must record.
+
+    `effect` drives the breaker; `congested` asks for an AIMD decrease (a 429
+    or a timeout); a SUCCESS also increases the AIMD limit and marks the scope's
+    progress. `pause_s` pauses the source fleet-wide (a later pause is kept).
+    `used_tokens` settles the token estimate; None refunds it.
+    """
+
+    scope: str
+    source: SourceTerms
+    permit_id: str
+    admitted_at: float
+    effect: Effect
+    congested: bool = False
+    pause_s: float | None = None
+    est_tokens: int = 0
+    used_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSnapshot:
+    """A source's governance state, for status views and tests."""
+
+    name: str
+    permits_in_use: int
+    permit_limit: int
+    breaker: BreakerMode
+    breaker_failures: int
+    paused_for_s: float
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Governance state shared by every call (and, for Redis, every worker).
+
+    Any failure to answer raises `GovernanceBackendError`: the loop then sends
+    nothing (fail closed).
+    """
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial: ...
+
+    async def settle(self, settlement: Settlement) -> bool:
+        """Apply `settlement`; False if the permit was no longer held (already reclaimed)."""
+        ...
+
+    async def progress_age_s(self, scope: str) -> float:
+        """Seconds since the scope's last success, in the store's clock; ``inf`` if none."""
+        ...
+
+    async def pause_source(self, source: str, seconds: float) -> None:
+        """Pause `source` fleet-wide for `seconds`, keeping a later existing pause."""
+        ...
+
+    async def wait_for_release(self, sources: Sequence[str]) -> None:
+        """Return once a permit of one of `sources` is released.
+
+        May return early or spuriously; callers race it against their poll timer.
+        """
+        ...
+
+    async def snapshot(self, source: SourceTerms) -> SourceSnapshot: ...

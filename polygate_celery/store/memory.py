@@ -1,0 +1,206 @@
+"""Store layer: the in-memory store, for one process (tests, the embedded demo).
+
+Every operation runs without suspending, so each is atomic on the event loop,
+just as each Redis operation is one script. The store's clock is the `Clock`
+it is given, so under a `VirtualClock` the whole store runs in virtual time.
+Permits do not need leases here: a process that dies takes its store with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from polygate_celery.clock import Clock, SystemClock
+from polygate_celery.core.aimd import (
+    AimdState,
+    aimd_initial,
+    aimd_on_congestion,
+    aimd_on_success,
+    aimd_permits,
+)
+from polygate_celery.core.breaker import (
+    BreakerState,
+    Effect,
+    breaker_admit,
+    breaker_reopens_at,
+    breaker_settle,
+)
+from polygate_celery.core.quota import gcra_adjust, gcra_reserve
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store.base import (
+    AdmitRequest,
+    BlockReason,
+    Denial,
+    Grant,
+    Settlement,
+    SourceSnapshot,
+)
+
+PROGRESS_TTL_S = 3600.0
+
+
+@dataclass
+class _SourceState:
+    aimd: AimdState | None = None  # set from the source's terms on first use
+    breaker: BreakerState = field(default_factory=BreakerState)
+    permits: set[str] = field(default_factory=set)
+    paused_until: float = -math.inf
+
+
+@dataclass
+class _QuotaState:
+    request_tat: float = -math.inf
+    token_tat: float = -math.inf
+
+
+class MemoryStore:
+    """The store protocol on plain dictionaries, for a single process."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or SystemClock()
+        self._sources: dict[str, _SourceState] = {}
+        self._quotas: dict[str, _QuotaState] = {}
+        self._progress: dict[str, float] = {}
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+
+    def _source(self, terms: SourceTerms) -> _SourceState:
+        state = self._sources.setdefault(terms.name, _SourceState())
+        if state.aimd is None:
+            state.aimd = aimd_initial(terms.aimd, terms.max_concurrency)
+        return state
+
+    def _limit(self, state: _SourceState, terms: SourceTerms) -> int:
+        assert state.aimd is not None
+        return aimd_permits(state.aimd, terms.max_concurrency)
+
+    def _quota_check(
+        self, quota: QuotaTerms, now: float, est_tokens: int
+    ) -> tuple[float, float] | float:
+        """New (request_tat, token_tat) if the quota admits, else seconds until it may."""
+        state = self._quotas.setdefault(quota.name, _QuotaState())
+        request_tat, token_tat = state.request_tat, state.token_tat
+        waits: list[float] = []
+        if quota.rpm is not None:
+            request_tat, wait = gcra_reserve(request_tat, now, 1, quota.rpm)
+            if wait is not None:
+                waits.append(wait)
+        if quota.tpm is not None and est_tokens > 0:
+            token_tat, wait = gcra_reserve(token_tat, now, est_tokens, quota.tpm)
+            if wait is not None:
+                waits.append(wait)
+        return max(waits) if waits else (request_tat, token_tat)
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        now = self._clock.now()
+        blocked: list[tuple[str, BlockReason]] = []
+        reopen: list[float] = []
+        for terms in request.candidates:
+            state = self._source(terms)
+            if request.permit_id in state.permits:  # a repeated admit: already granted
+                return Grant(terms.name, request.permit_id, now)
+            reasons: list[BlockReason] = []
+            known: list[float] = []
+            if state.paused_until > now:
+                reasons.append("paused")
+                known.append(state.paused_until - now)
+            breaker = breaker_admit(state.breaker, now, request.permit_id)
+            if breaker is None:
+                opens = breaker_reopens_at(state.breaker, now)
+                reasons.append("breaker_open" if opens is not None else "probe_in_flight")
+                if opens is not None:
+                    known.append(opens - now)
+            if len(state.permits) >= self._limit(state, terms):
+                reasons.append("at_capacity")
+            quota = None
+            if terms.quota is not None:
+                quota = self._quota_check(terms.quota, now, request.est_tokens)
+                if isinstance(quota, float):
+                    reasons.append("quota")
+                    known.append(quota)
+            if reasons:
+                blocked.append((terms.name, reasons[0]))
+                if known and len(known) == len(reasons):
+                    reopen.append(max(known))
+                continue
+            assert breaker is not None
+            state.breaker = breaker
+            state.permits.add(request.permit_id)
+            if terms.quota is not None and isinstance(quota, tuple):
+                quota_state = self._quotas[terms.quota.name]
+                quota_state.request_tat, quota_state.token_tat = quota
+            return Grant(terms.name, request.permit_id, now)
+        return Denial(reopen_in_s=min(reopen) if reopen else None, blocked=tuple(blocked))
+
+    async def settle(self, settlement: Settlement) -> bool:
+        now = self._clock.now()
+        terms = settlement.source
+        state = self._source(terms)
+        if settlement.permit_id not in state.permits:
+            return False
+        state.permits.discard(settlement.permit_id)
+        state.breaker = breaker_settle(
+            state.breaker, terms.breaker, now, settlement.permit_id, settlement.effect
+        )
+        assert state.aimd is not None
+        if settlement.effect is Effect.SUCCESS:
+            state.aimd = aimd_on_success(state.aimd, terms.aimd, terms.max_concurrency)
+            self._progress[settlement.scope] = now
+        elif settlement.congested:
+            state.aimd = aimd_on_congestion(state.aimd, terms.aimd, settlement.admitted_at, now)
+        if settlement.pause_s is not None and settlement.pause_s > 0:
+            state.paused_until = max(state.paused_until, now + settlement.pause_s)
+        quota = terms.quota
+        if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
+            used = settlement.used_tokens if settlement.used_tokens is not None else 0
+            quota_state = self._quotas.setdefault(quota.name, _QuotaState())
+            quota_state.token_tat = gcra_adjust(
+                quota_state.token_tat, used - settlement.est_tokens, quota.tpm
+            )
+        self._wake(terms.name)
+        return True
+
+    async def progress_age_s(self, scope: str) -> float:
+        marked = self._progress.get(scope)
+        if marked is None:
+            return math.inf
+        age = self._clock.now() - marked
+        return math.inf if age >= PROGRESS_TTL_S else max(0.0, age)
+
+    def mark_progress(self, scope: str) -> None:
+        """Record a success in `scope` now, as another worker's call would (for tests)."""
+        self._progress[scope] = self._clock.now()
+
+    async def pause_source(self, source: str, seconds: float) -> None:
+        state = self._sources.setdefault(source, _SourceState())
+        state.paused_until = max(state.paused_until, self._clock.now() + seconds)
+
+    async def wait_for_release(self, sources: Sequence[str]) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for name in sources:
+            self._waiters.setdefault(name, []).append(future)
+        try:
+            await future
+        finally:
+            for name in sources:
+                waiters = self._waiters.get(name)
+                if waiters and future in waiters:
+                    waiters.remove(future)
+
+    def _wake(self, source: str) -> None:
+        for future in self._waiters.pop(source, []):
+            if not future.done():
+                future.set_result(None)
+
+    async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
+        state = self._source(source)
+        return SourceSnapshot(
+            name=source.name,
+            permits_in_use=len(state.permits),
+            permit_limit=self._limit(state, source),
+            breaker=state.breaker.mode,
+            breaker_failures=state.breaker.failures,
+            paused_for_s=max(0.0, state.paused_until - self._clock.now()),
+        )

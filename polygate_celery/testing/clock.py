@@ -1,0 +1,82 @@
+"""Testing: a virtual clock that advances only when every task is waiting on it.
+
+`VirtualClock.sleep()` parks the caller on a timer heap. Time never moves while
+any task on the event loop can still run: a wake-up callback checks the loop's
+ready queue and, only when it is empty (every task is blocked), jumps time to
+the earliest timer and wakes every sleeper due then, in the order they went to
+sleep. Concurrent calls therefore interleave deterministically, and a
+five-minute timeout costs no real time.
+
+The clock drives tasks that wait on it and on each other. Real I/O (a socket to
+Redis, say) is not waited for, so time may jump while a reply is in flight;
+use `advance()` to move time by hand around such operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+
+# Loops without a readable ready queue (uvloop): hand the loop this many
+# turns before judging it idle.
+_FALLBACK_IDLE_TURNS = 50
+
+
+class VirtualClock:
+    """A `Clock` whose time is virtual. Pass the same instance to the gateway and the store."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._timers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._wakeup: asyncio.Handle | None = None
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if not seconds > 0:  # also catches NaN
+            await asyncio.sleep(0)
+            return
+        if math.isinf(seconds):
+            raise ValueError("cannot sleep forever on a virtual clock")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._timers, (self._now + seconds, next(self._order), future))
+        self._schedule(loop)
+        try:
+            await future
+        finally:
+            if not future.done():
+                future.cancel()  # a cancelled sleeper; its timer is skipped when reached
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by hand. Sleepers that come due wake on the next idle turn."""
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        self._now += seconds
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, turns: int = 0) -> None:
+        if self._wakeup is None:
+            self._wakeup = loop.call_soon(self._on_idle, loop, turns)
+
+    def _on_idle(self, loop: asyncio.AbstractEventLoop, turns: int) -> None:
+        self._wakeup = None
+        ready = getattr(loop, "_ready", None)
+        busy = len(ready) > 0 if ready is not None else turns < _FALLBACK_IDLE_TURNS
+        if busy:
+            self._schedule(loop, turns + 1)
+            return
+        while self._timers and self._timers[0][2].done():
+            heapq.heappop(self._timers)
+        if not self._timers:
+            return
+        self._now = max(self._now, self._timers[0][0])
+        while self._timers and self._timers[0][0] <= self._now:
+            _, _, future = heapq.heappop(self._timers)
+            if not future.done():
+                future.set_result(None)
+        if self._timers:
+            self._schedule(loop)

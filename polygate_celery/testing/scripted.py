@@ -1,0 +1,140 @@
+"""Testing: `ScriptedSource`, a source adapter that plays a script of per-attempt steps.
+
+Each attempt takes the next step: what the source does and for how long, on
+the gateway's clock. A step that would outlast the attempt's deadline ends at
+the deadline as a timeout; a step that ends exactly at the deadline is the
+step's own answer (a 429 at exactly `timeout_s` is a 429).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from polygate_celery.clock import Clock
+from polygate_celery.core.outcome import Outcome, OutcomeKind
+
+StepKind = Literal[
+    "ok", "rate_limited", "timeout", "server_error", "fatal", "source_rejected", "auth_rejected"
+]
+
+
+class ScriptExhausted(AssertionError):
+    """The source was asked for more attempts than its script has."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One scripted attempt. Build steps with the functions below."""
+
+    kind: StepKind
+    duration_s: float = 0.0
+    value: Any = None
+    retry_after_s: float | None = None
+    status: int | None = None
+    reason: str | None = None
+    tokens: int | None = None
+
+
+def ok(value: Any = "ok", *, duration_s: float = 0.0, tokens: int | None = None) -> Step:
+    return Step("ok", duration_s, value=value, tokens=tokens)
+
+
+def rate_limited(*, duration_s: float = 0.0, retry_after_s: float | None = None) -> Step:
+    return Step("rate_limited", duration_s, retry_after_s=retry_after_s, status=429)
+
+
+def timeout() -> Step:
+    """Hold the request for the attempt's whole deadline, then time out."""
+    return Step("timeout", float("inf"))
+
+
+def server_error(*, duration_s: float = 0.0, status: int = 500) -> Step:
+    return Step("server_error", duration_s, status=status, reason="server error")
+
+
+def fatal(reason: str = "bad request", *, duration_s: float = 0.0, status: int = 400) -> Step:
+    return Step("fatal", duration_s, status=status, reason=reason)
+
+
+def source_rejected(
+    reason: str = "context length exceeded", *, duration_s: float = 0.0, status: int = 400
+) -> Step:
+    return Step("source_rejected", duration_s, status=status, reason=reason)
+
+
+def auth_rejected(*, duration_s: float = 0.0, status: int = 401) -> Step:
+    return Step("auth_rejected", duration_s, status=status, reason="credentials rejected")
+
+
+def _outcome(step: Step) -> Outcome:
+    if step.kind == "ok":
+        return Outcome(
+            OutcomeKind.SUCCESS, value=step.value, status=200, completion_tokens=step.tokens
+        )
+    if step.kind == "rate_limited":
+        return Outcome.rate_limited(step.retry_after_s)
+    if step.kind == "server_error":
+        return Outcome.transient(step.reason or "server error", status=step.status)
+    if step.kind == "fatal":
+        return Outcome.fatal(step.reason or "fatal", status=step.status)
+    if step.kind == "source_rejected":
+        return Outcome.rejected(step.reason or "rejected", status=step.status)
+    if step.kind == "auth_rejected":
+        return Outcome.rejected(
+            step.reason or "credentials rejected", status=step.status, credentials_rejected=True
+        )
+    raise AssertionError(f"unhandled step {step.kind}")
+
+
+@dataclass
+class Sent:
+    """One request the source saw (its journal entry)."""
+
+    at: float
+    payload: Any
+    timeout_s: float
+    step: Step
+    outcome: Outcome | None = None
+
+
+@dataclass
+class ScriptedSource:
+    """A `Source` that plays `steps`, one per attempt, on `clock`.
+
+    `steps` may be infinite (``itertools.repeat(rate_limited())``); use
+    `ScriptedSource.always()` for a source that always does the same thing.
+    `journal` records every request with the outcome it got (None if cancelled).
+    """
+
+    clock: Clock
+    steps: Iterable[Step]
+    journal: list[Sent] = field(default_factory=list)
+    _iter: Iterator[Step] | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def always(cls, clock: Clock, step: Step) -> ScriptedSource:
+        return cls(clock, itertools.repeat(step))
+
+    @property
+    def attempts(self) -> int:
+        return len(self.journal)
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        if self._iter is None:
+            self._iter = iter(self.steps)
+        try:
+            step = next(self._iter)
+        except StopIteration:
+            raise ScriptExhausted(f"script exhausted after {self.attempts} attempt(s)") from None
+        sent = Sent(self.clock.now(), payload, timeout_s, step)
+        self.journal.append(sent)
+        if step.duration_s > timeout_s:
+            await self.clock.sleep(timeout_s)
+            sent.outcome = Outcome.timeout()
+        else:
+            await self.clock.sleep(step.duration_s)
+            sent.outcome = _outcome(step)
+        return sent.outcome
