@@ -1,0 +1,86 @@
+"""Cancellation passes straight through every attempt and every wait, and releases permits."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from polygate_celery import MemoryStore
+from polygate_celery.testing import ScriptedSource, VirtualClock, steps
+from tests.conftest import GatewayFactory, make_config
+
+
+async def cancel_at(clock: VirtualClock, task: asyncio.Task[object], when: float) -> None:
+    await clock.sleep(when - clock.now())
+    task.cancel()
+
+
+async def run_and_cancel(
+    clock: VirtualClock,
+    gateway: GatewayFactory,
+    source: ScriptedSource,
+    when: float,
+    store: MemoryStore | None = None,
+    **scope: object,
+) -> int:
+    """Cancel a call at `when`; return the permits still held afterwards."""
+    store = store or MemoryStore(clock)
+    gw = gateway(make_config("chat", **scope), {"a": source}, store=store)
+    call = asyncio.ensure_future(gw.call("s", "x"))
+    canceller = asyncio.ensure_future(cancel_at(clock, call, when))  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await canceller
+    return (await gw.snapshot("s"))[0].permits_in_use
+
+
+async def test_cancel_inside_an_attempt(clock: VirtualClock, gateway: GatewayFactory) -> None:
+    source = ScriptedSource.always(clock, steps.ok(duration_s=100))
+    held = await run_and_cancel(clock, gateway, source, when=50)
+    assert held == 0
+    assert clock.now() == 50.0
+    assert source.journal[0].outcome is None  # the attempt never finished
+
+
+async def test_cancel_inside_a_backoff(clock: VirtualClock, gateway: GatewayFactory) -> None:
+    source = ScriptedSource.always(clock, steps.server_error())
+    held = await run_and_cancel(clock, gateway, source, when=0.5, backoff_base_s=2)
+    assert (held, source.attempts) == (0, 1)
+
+
+async def test_cancel_while_waiting_for_a_runnable_source(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    store = MemoryStore(clock)
+    await store.pause_source("a", 1_000)
+    source = ScriptedSource.always(clock, steps.ok())
+    held = await run_and_cancel(clock, gateway, source, when=120, store=store)
+    assert (held, source.attempts, clock.now()) == (0, 0, 120.0)
+
+
+async def test_cancelled_half_open_probe_frees_the_probe_slot(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    store = MemoryStore(clock)
+    source = ScriptedSource(
+        clock,
+        itertools.chain(
+            [steps.server_error()] * 5,  # opens the breaker (threshold 5)
+            [steps.ok(duration_s=100)],  # the half-open probe, cancelled
+            itertools.repeat(steps.ok("after")),
+        ),
+    )
+    config = make_config("chat", {"a": {"breaker": {"cooldown_s": 30}}}, max_attempts=5)
+    gw = gateway(config, {"a": source}, store=store)
+    with pytest.raises(Exception, match="retry_exhausted"):
+        await gw.call("s", "x")
+
+    probe = asyncio.ensure_future(gw.call("s", "probe"))
+    canceller = asyncio.ensure_future(cancel_at(clock, probe, clock.now() + 60))  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    await canceller
+
+    assert (await gw.call("s", "next")).value == "after"
