@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     StringConstraints,
     field_validator,
@@ -78,6 +79,12 @@ class SourceConfig(SourceSettings):
     rpm: int | None = Field(None, ge=1, description="requests per minute (a private quota)")
     tpm: int | None = Field(None, ge=1, description="tokens per minute (a private quota)")
     quota: Name | None = Field(None, description="name of a shared quota in [quotas]")
+    _key: SecretStr | None = PrivateAttr(None)
+
+    @property
+    def key(self) -> SecretStr | None:
+        """The API key, from whichever of the three places holds it (read at load time)."""
+        return self._key
 
     @field_validator("api_key_env")
     @classmethod
@@ -105,9 +112,11 @@ class SourceConfig(SourceSettings):
         if len(given) > 1:
             raise ValueError(f"set only one of api_key, api_key_env, api_key_file (got {given})")
         if self.api_key_env:
-            self.api_key = SecretStr(os.environ[self.api_key_env])
+            self._key = SecretStr(os.environ[self.api_key_env])
         elif self.api_key_file:
-            self.api_key = SecretStr(self.api_key_file.read_text(encoding="utf-8").strip())
+            self._key = SecretStr(self.api_key_file.read_text(encoding="utf-8").strip())
+        else:
+            self._key = self.api_key
         if self.quota is not None and (self.rpm is not None or self.tpm is not None):
             raise ValueError("set either rpm/tpm (a private quota) or quota (a shared one)")
         return self

@@ -38,6 +38,6 @@ def aimd_on_success(state: AimdState, terms: AimdTerms, cap: int) -> AimdState:
 def aimd_on_congestion(
     state: AimdState, terms: AimdTerms, admitted_at: float, now: float
 ) -> AimdState:
-    if admitted_at < state.last_decrease_at:
+    if admitted_at <= state.last_decrease_at:  # admitted before (or with) the last decrease
         return state
     return AimdState(max(1.0, state.limit * terms.decrease_factor), now)

@@ -97,10 +97,11 @@ class MemoryStore:
         now = self._clock.now()
         blocked: list[tuple[str, BlockReason]] = []
         reopen: list[float] = []
+        for terms in request.candidates:  # a repeated admit returns its first grant
+            if request.permit_id in self._source(terms).permits:
+                return Grant(terms.name, request.permit_id, now)
         for terms in request.candidates:
             state = self._source(terms)
-            if request.permit_id in state.permits:  # a repeated admit: already granted
-                return Grant(terms.name, request.permit_id, now)
             reasons: list[BlockReason] = []
             known: list[float] = []
             if state.paused_until > now:

@@ -54,7 +54,7 @@ class VirtualClock:
 
     def advance(self, seconds: float) -> None:
         """Move time forward by hand. Sleepers that come due wake on the next idle turn."""
-        if seconds < 0:
+        if not seconds >= 0:  # also rejects NaN
             raise ValueError("time only moves forward")
         self._now += seconds
 

@@ -1,0 +1,113 @@
+"""The Store contract's fixtures: one parametrized factory per implementation.
+
+Every contract test runs once per store. A store is built from a `VirtualClock`
+(its clock), and the tests move time only with `VirtualClock.advance()`; they use
+nothing but the protocol's methods, so a new implementation joins by adding a
+`pytest.param` to `store_factory`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+from polygate_celery.core.breaker import Effect
+from polygate_celery.core.terms import SourceTerms
+from polygate_celery.store import (
+    AdmitRequest,
+    Denial,
+    Grant,
+    MemoryStore,
+    Settlement,
+    SourceSnapshot,
+    Store,
+)
+from polygate_celery.testing import VirtualClock
+
+StoreFactory = Callable[[VirtualClock], Store]
+
+
+@pytest.fixture(params=[pytest.param(MemoryStore, id="memory")])
+def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
+    factory: StoreFactory = request.param
+    return factory
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory, clock: VirtualClock) -> Store:
+    return store_factory(clock)
+
+
+class Harness:
+    """Protocol calls in one line each, with fresh permit ids by default."""
+
+    def __init__(self, store: Store, clock: VirtualClock) -> None:
+        self.store = store
+        self.clock = clock
+        self._ids = itertools.count(1)
+
+    def new_id(self) -> str:
+        return f"permit-{next(self._ids)}"
+
+    async def admit(
+        self,
+        *candidates: SourceTerms,
+        scope: str = "s",
+        permit_id: str | None = None,
+        est_tokens: int = 0,
+    ) -> Grant | Denial:
+        request = AdmitRequest(scope, candidates, permit_id or self.new_id(), est_tokens)
+        return await self.store.admit(request)
+
+    async def grant(self, *candidates: SourceTerms, **kwargs: object) -> Grant:
+        result = await self.admit(*candidates, **kwargs)  # type: ignore[arg-type]
+        assert isinstance(result, Grant), result
+        return result
+
+    async def deny(self, *candidates: SourceTerms, **kwargs: object) -> Denial:
+        result = await self.admit(*candidates, **kwargs)  # type: ignore[arg-type]
+        assert isinstance(result, Denial), result
+        return result
+
+    async def settle(
+        self,
+        grant: Grant,
+        source: SourceTerms,
+        effect: Effect = Effect.SUCCESS,
+        *,
+        scope: str = "s",
+        congested: bool = False,
+        pause_s: float | None = None,
+        est_tokens: int = 0,
+        used_tokens: int | None = None,
+    ) -> bool:
+        assert grant.source == source.name
+        settlement = Settlement(
+            scope=scope,
+            source=source,
+            permit_id=grant.permit_id,
+            admitted_at=grant.admitted_at,
+            effect=effect,
+            congested=congested,
+            pause_s=pause_s,
+            est_tokens=est_tokens,
+            used_tokens=used_tokens,
+        )
+        return await self.store.settle(settlement)
+
+    async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
+        return await self.store.snapshot(source)
+
+    @staticmethod
+    async def turns(n: int = 10) -> None:
+        """Let every other task run for `n` event-loop turns."""
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+
+@pytest.fixture
+def h(store: Store, clock: VirtualClock) -> Harness:
+    return Harness(store, clock)

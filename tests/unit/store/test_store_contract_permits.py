@@ -1,0 +1,265 @@
+"""Store contract, part 1: permits, candidate order, pauses, reopen times and release wake-ups.
+
+Written against the protocol only (SPEC §5), so every store implementation in
+`store_factory` must pass it unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from polygate_celery.core.breaker import Effect
+from polygate_celery.core.terms import BreakerTerms, QuotaTerms, SourceTerms
+from polygate_celery.store import Denial, Grant, Store
+from tests.unit.store.conftest import Harness
+
+A = SourceTerms("a", max_concurrency=2)
+B = SourceTerms("b", max_concurrency=2)
+ONE = SourceTerms("one", max_concurrency=1)
+
+
+def test_every_factory_builds_a_store(store: Store) -> None:
+    assert isinstance(store, Store)
+
+
+# --- permits ---------------------------------------------------------------------------
+
+
+async def test_permits_are_granted_up_to_max_concurrency(h: Harness) -> None:
+    first = await h.grant(A)
+    second = await h.grant(A)
+    assert (first.source, second.source) == ("a", "a")
+    assert first.permit_id != second.permit_id
+    assert (await h.snapshot(A)).permits_in_use == 2
+
+    denial = await h.deny(A)
+    assert denial.blocked == (("a", "at_capacity"),)
+    assert denial.reopen_in_s is None  # capacity has no known end
+    assert (await h.snapshot(A)).permits_in_use == 2
+
+
+async def test_a_grant_carries_the_permit_id_and_the_store_time(h: Harness) -> None:
+    h.clock.advance(42.0)
+    grant = await h.grant(A, permit_id="mine")
+    assert grant.permit_id == "mine"
+    assert grant.admitted_at == pytest.approx(42.0)
+
+
+async def test_settle_releases_the_permit_once(h: Harness) -> None:
+    grant = await h.grant(ONE)
+    await h.deny(ONE)
+    assert await h.settle(grant, ONE) is True
+    assert (await h.snapshot(ONE)).permits_in_use == 0
+    assert await h.settle(grant, ONE) is False  # already released
+    assert (await h.snapshot(ONE)).permits_in_use == 0
+    await h.grant(ONE)
+
+
+async def test_a_failed_settlement_releases_the_permit_too(h: Harness) -> None:
+    grant = await h.grant(ONE)
+    assert await h.settle(grant, ONE, Effect.FAILURE) is True
+    await h.grant(ONE)
+
+
+async def test_settling_an_unknown_permit_returns_false(h: Harness) -> None:
+    held = await h.grant(A)
+    ghost = Grant("a", "never-admitted", held.admitted_at)
+    assert await h.settle(ghost, A) is False
+    assert (await h.snapshot(A)).permits_in_use == 1
+
+
+async def test_a_repeated_admit_with_the_same_permit_id_is_idempotent(h: Harness) -> None:
+    first = await h.grant(ONE, permit_id="p")
+    again = await h.grant(ONE, permit_id="p")  # not "at_capacity": it is the same permit
+    assert (again.source, again.permit_id) == ("one", "p")
+    assert (await h.snapshot(ONE)).permits_in_use == 1
+    assert await h.settle(first, ONE) is True
+    assert await h.settle(again, ONE) is False
+    assert (await h.snapshot(ONE)).permits_in_use == 0
+
+
+async def test_a_repeated_admit_keeps_its_source_when_a_better_one_reopens(h: Harness) -> None:
+    blocker = await h.grant(ONE)
+    first = await h.grant(ONE, A, permit_id="p")
+    assert first.source == "a"
+    await h.settle(blocker, ONE)  # the preferred candidate is runnable again
+
+    again = await h.grant(ONE, A, permit_id="p")
+    assert again.source == "a"  # the permit it already holds, not a second one
+    assert (await h.snapshot(ONE)).permits_in_use == 0
+    assert (await h.snapshot(A)).permits_in_use == 1
+
+
+# --- candidate order -------------------------------------------------------------------
+
+
+async def test_the_first_runnable_candidate_wins(h: Harness) -> None:
+    assert (await h.grant(A, B)).source == "a"
+    assert (await h.grant(B, A)).source == "b"
+
+
+async def test_a_blocked_first_candidate_falls_through_to_the_second(h: Harness) -> None:
+    await h.grant(ONE)
+    assert (await h.grant(ONE, B)).source == "b"
+    await h.store.pause_source("b", 10.0)
+    assert (await h.grant(B, A)).source == "a"
+
+
+async def test_a_denial_names_every_candidate_and_its_reason(h: Harness) -> None:
+    await h.grant(ONE)
+    await h.store.pause_source("b", 10.0)
+    denial = await h.deny(ONE, B)
+    assert dict(denial.blocked) == {"one": "at_capacity", "b": "paused"}
+
+
+# --- pauses ----------------------------------------------------------------------------
+
+
+async def test_a_paused_source_is_denied_until_the_pause_ends(h: Harness) -> None:
+    await h.store.pause_source("a", 30.0)
+    assert (await h.snapshot(A)).paused_for_s == pytest.approx(30.0)
+    denial = await h.deny(A)
+    assert denial.blocked == (("a", "paused"),)
+    assert denial.reopen_in_s == pytest.approx(30.0)
+
+    h.clock.advance(29.0)
+    assert (await h.deny(A)).reopen_in_s == pytest.approx(1.0)
+    h.clock.advance(1.0)
+    await h.grant(A)
+    assert (await h.snapshot(A)).paused_for_s == 0.0
+
+
+async def test_a_pause_keeps_the_later_deadline(h: Harness) -> None:
+    await h.store.pause_source("a", 30.0)
+    await h.store.pause_source("a", 10.0)  # never shortens
+    assert (await h.snapshot(A)).paused_for_s == pytest.approx(30.0)
+    await h.store.pause_source("a", 60.0)  # lengthens
+    assert (await h.snapshot(A)).paused_for_s == pytest.approx(60.0)
+
+
+async def test_a_settlement_pause_keeps_the_later_deadline(h: Harness) -> None:
+    grant = await h.grant(A)
+    await h.store.pause_source("a", 50.0)
+    await h.settle(grant, A, Effect.NEUTRAL, congested=True, pause_s=20.0)
+    assert (await h.snapshot(A)).paused_for_s == pytest.approx(50.0)
+
+    grant = await h.grant(B)
+    await h.settle(grant, B, Effect.NEUTRAL, congested=True, pause_s=20.0)
+    assert (await h.snapshot(B)).paused_for_s == pytest.approx(20.0)
+    assert (await h.deny(B)).reopen_in_s == pytest.approx(20.0)
+
+
+async def test_a_pause_belongs_to_the_source_in_every_scope(h: Harness) -> None:
+    await h.store.pause_source("a", 5.0)
+    assert (await h.deny(A, scope="x")).blocked == (("a", "paused"),)
+    assert (await h.deny(A, scope="y")).blocked == (("a", "paused"),)
+
+
+# --- reopen_in_s -----------------------------------------------------------------------
+
+
+async def test_reopen_is_the_soonest_known_reopening(h: Harness) -> None:
+    fragile = SourceTerms("fragile", 2, breaker=BreakerTerms(failure_threshold=1, cooldown_s=30))
+    limited = SourceTerms("limited", 5, quota=QuotaTerms("k", rpm=1))
+    grant = await h.grant(fragile)
+    await h.settle(grant, fragile, Effect.FAILURE)  # breaker open for 30 s
+    await h.grant(limited)  # quota spent; refills in 60 s
+    await h.store.pause_source("a", 45.0)
+
+    denial = await h.deny(A, fragile, limited)
+    assert dict(denial.blocked) == {"a": "paused", "fragile": "breaker_open", "limited": "quota"}
+    assert denial.reopen_in_s == pytest.approx(30.0)
+
+    h.clock.advance(20.0)  # every known end comes 20 s closer, whatever the order asked
+    assert (await h.deny(limited, A, fragile)).reopen_in_s == pytest.approx(10.0)
+
+
+async def test_reopen_can_be_a_quota_refill_or_a_pause(h: Harness) -> None:
+    limited = SourceTerms("limited", 5, quota=QuotaTerms("k", rpm=2))
+    await h.grant(limited)
+    await h.grant(limited)  # the next request conforms in 30 s
+    await h.store.pause_source("a", 45.0)
+    assert (await h.deny(A, limited)).reopen_in_s == pytest.approx(30.0)
+    await h.store.pause_source("b", 7.0)
+    assert (await h.deny(A, limited, B)).reopen_in_s == pytest.approx(7.0)
+
+
+async def test_reopen_ignores_blockers_without_a_known_end(h: Harness) -> None:
+    await h.grant(ONE)
+    await h.store.pause_source("b", 12.0)
+    denial = await h.deny(ONE, B)
+    assert denial.reopen_in_s == pytest.approx(12.0)
+
+
+async def test_reopen_is_none_when_only_capacity_blocks(h: Harness) -> None:
+    await h.grant(ONE)
+    await h.grant(B)
+    await h.grant(B)
+    denial = await h.deny(ONE, B)
+    assert dict(denial.blocked) == {"one": "at_capacity", "b": "at_capacity"}
+    assert denial.reopen_in_s is None
+
+
+# --- wait_for_release ------------------------------------------------------------------
+
+
+async def test_wait_for_release_returns_when_a_named_source_releases(h: Harness) -> None:
+    held_a = await h.grant(A)
+    held_b = await h.grant(B)
+    other = SourceTerms("other", 2)
+    held_other = await h.grant(other)
+
+    waiter = asyncio.create_task(h.store.wait_for_release(["a", "b"]))
+    await h.turns()
+    assert not waiter.done()
+
+    await h.settle(held_other, other)  # not one of the named sources
+    await h.turns()
+    assert not waiter.done()
+
+    await h.settle(held_b, B)
+    await h.turns()
+    assert waiter.done()
+    await waiter
+    await h.settle(held_a, A)
+
+
+async def test_wait_for_release_wakes_every_waiter_of_the_source(h: Harness) -> None:
+    held = await h.grant(A)
+    waiters = [asyncio.create_task(h.store.wait_for_release(["a"])) for _ in range(3)]
+    await h.turns()
+    assert not any(w.done() for w in waiters)
+    await h.settle(held, A, Effect.FAILURE)
+    await h.turns()
+    assert all(w.done() for w in waiters)
+    await asyncio.gather(*waiters)
+
+
+async def test_a_cancelled_waiter_leaves_other_waiters_working(h: Harness) -> None:
+    held = await h.grant(A)
+    cancelled = asyncio.create_task(h.store.wait_for_release(["a"]))
+    kept = asyncio.create_task(h.store.wait_for_release(["a"]))
+    await h.turns()
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert not kept.done()
+
+    await h.settle(held, A)
+    await h.turns()
+    assert kept.done()
+    await kept
+
+
+async def test_a_denial_is_not_a_release(h: Harness) -> None:
+    await h.grant(ONE)
+    waiter = asyncio.create_task(h.store.wait_for_release(["one"]))
+    await h.turns()
+    assert isinstance(await h.admit(ONE), Denial)
+    await h.turns()
+    assert not waiter.done()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
