@@ -57,6 +57,8 @@ class GatewayConfig(_Strict):
                     problems.append((f"{path}.sources.{i}", f"no source named {source_name!r}"))
             if scope.backoff_max_s < scope.backoff_base_s:
                 problems.append((f"{path}.backoff_max_s", "must be at least backoff_base_s"))
+            if scope.retry_after_cap_s < scope.poll_interval_s:
+                problems.append((f"{path}.retry_after_cap_s", "must be at least poll_interval_s"))
             # Conservative and, under the two-budget model, redundant: time to the
             # first token is productive attempt time and never burns the stall
             # budget. Kept as a cheap guard against a clearly inconsistent setup.

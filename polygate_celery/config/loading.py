@@ -9,6 +9,7 @@ themselves are never echoed, since one may be a secret.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -19,6 +20,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -77,6 +79,10 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> GatewayConf
         loaded = _LoadedConfig(**overrides)
     except ValidationError as exc:
         raise config_error(exc) from None
+    except SettingsError as exc:  # e.g. POLYGATE_SCOPES='not json'
+        named = re.search(r'field "([^"]+)"', str(exc))
+        field = named.group(1) if named else "<environment>"
+        raise ConfigError(field, "cannot parse the value given in the environment") from None
     finally:
         _toml_path.reset(token)
     return loaded

@@ -30,3 +30,12 @@ def gcra_reserve(tat: float, now: float, cost: float, limit: int) -> tuple[float
 def gcra_adjust(tat: float, delta: float, limit: int) -> float:
     """Move the TAT by `delta` units (negative refunds) after the real cost is known."""
     return tat + delta * (PERIOD_S / limit)
+
+
+def gcra_settle(tat: float, reserved: float, used: float, limit: int) -> float:
+    """Replace a reservation of `reserved` units by the `used` ones (0 refunds it).
+
+    Both are clamped to the limit, as `gcra_reserve` charged the reservation.
+    """
+    cap = float(limit)
+    return gcra_adjust(tat, min(max(used, 0.0), cap) - min(max(reserved, 0.0), cap), limit)

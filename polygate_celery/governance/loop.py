@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,10 +45,22 @@ from polygate_celery.core.breaker import Effect, effect_of
 from polygate_celery.core.outcome import AttemptRecord, Outcome, OutcomeKind
 from polygate_celery.core.selection import preference_order
 from polygate_celery.core.stall import StallClock, is_stalled
-from polygate_celery.errors import AllSourcesExhausted, ExhaustedReason, SourceFatalError
+from polygate_celery.errors import (
+    AllSourcesExhausted,
+    ExhaustedReason,
+    GovernanceBackendError,
+    SourceFatalError,
+)
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
-from polygate_celery.store.base import AdmitRequest, Denial, Grant, Settlement, Store
+from polygate_celery.store.base import (
+    AdmitRequest,
+    Denial,
+    Grant,
+    ReleaseWatch,
+    Settlement,
+    Store,
+)
 from polygate_celery.telemetry import (
     AttemptEvent,
     SourceAlertEvent,
@@ -112,6 +125,12 @@ class GovernedCall:
         except SourceFatalError as exc:
             self._emit_verdict("fatal", None, exc.source)
             raise
+        except GovernanceBackendError:
+            self._emit_verdict("backend_error", None)
+            raise
+        except asyncio.CancelledError:
+            self._emit_verdict("cancelled", None)
+            raise
         self._emit_verdict("success", None, result.source)
         return result
 
@@ -123,21 +142,23 @@ class GovernedCall:
             if self.rt.clock.now() >= self.deadline:
                 raise self._exhausted("deadline")
             order = preference_order(plan.sources, self.excluded, self.last_failure)
-            admission = await self.rt.store.admit(
-                AdmitRequest(
-                    scope=plan.name,
-                    candidates=tuple(plan.terms[s] for s in order),
-                    permit_id=uuid.uuid4().hex,
-                    est_tokens=self.est_tokens,
+            # Watch before asking, so a permit released right after the refusal is not missed.
+            with self.rt.store.watch_releases(order) as released:
+                admission = await self.rt.store.admit(
+                    AdmitRequest(
+                        scope=plan.name,
+                        candidates=tuple(plan.terms[s] for s in order),
+                        permit_id=uuid.uuid4().hex,
+                        est_tokens=self.est_tokens,
+                    )
                 )
-            )
-            if isinstance(admission, Denial):
-                await self._on_no_runnable(admission, order)
-                continue
+                if isinstance(admission, Denial):
+                    await self._on_no_runnable(admission, released)
+                    continue
             outcome = await self._attempt(admission)
             if outcome.kind is OutcomeKind.SUCCESS:
                 return self._result(admission.source, outcome)
-            self._count_failure(admission.source, outcome)
+            self._judge_failure(admission.source, outcome)
             if self.fails >= plan.max_attempts:
                 raise self._exhausted("retry_exhausted")
             delay = backoff_delay(
@@ -147,14 +168,14 @@ class GovernedCall:
 
     # -- waiting -----------------------------------------------------------------
 
-    async def _on_no_runnable(self, denial: Denial, order: list[str]) -> None:
-        now = self.rt.clock.now()
-        self.reopen_at = None if denial.reopen_in_s is None else now + denial.reopen_in_s
+    async def _on_no_runnable(self, denial: Denial, released: ReleaseWatch) -> None:
+        reopen_in_s = self._sane_hint(denial.reopen_in_s)
+        self.reopen_at = None if reopen_in_s is None else self.rt.clock.now() + reopen_in_s
         if self.fail_fast:
             raise self._exhausted("fail_fast")
         await self._raise_if_stalled()
         delay = self.plan.poll_interval_s * jitter(self.rt.random())
-        await self._wait("no_runnable", delay, order, denial)
+        await self._wait("no_runnable", delay, released, denial)
 
     async def _raise_if_stalled(self) -> None:
         stalled_s = self.clock.stalled_s()
@@ -169,16 +190,16 @@ class GovernedCall:
         self,
         cause: Literal["no_runnable", "backoff"],
         delay: float,
-        wake_on_release: list[str] | None = None,
+        released: ReleaseWatch | None = None,
         denial: Denial | None = None,
     ) -> None:
-        """Sleep `delay` (cut to the deadline); a poll also wakes when a permit is released."""
+        """Sleep `delay` (cut to the deadline); a poll also ends when a permit is released."""
         started = self.rt.clock.now()
         delay = min(delay, self.deadline - started)
         if delay <= 0:
             return
-        if wake_on_release:
-            await self._sleep_or_release(delay, wake_on_release)
+        if released is not None:
+            await self._sleep_or_release(delay, released)
         else:
             await self.rt.clock.sleep(delay)
         self.rt.telemetry.emit(
@@ -191,79 +212,82 @@ class GovernedCall:
             )
         )
 
-    async def _sleep_or_release(self, delay: float, sources: list[str]) -> None:
+    async def _sleep_or_release(self, delay: float, released: ReleaseWatch) -> None:
         sleeper = asyncio.ensure_future(self.rt.clock.sleep(delay))
-        waker = asyncio.ensure_future(self.rt.store.wait_for_release(sources))
+        waker = asyncio.ensure_future(released.wait())
         try:
             await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             sleeper.cancel()
             waker.cancel()
-        if waker.done() and not waker.cancelled() and waker.exception() is not None:
-            # Waking early is an optimisation; the poll timer still bounds the wait.
-            logger.debug("wait_for_release failed", exc_info=waker.exception())
+        for task in (sleeper, waker):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
     # -- attempting --------------------------------------------------------------
 
     async def _attempt(self, grant: Grant) -> Outcome:
+        """Send, record and settle one attempt: the productive span of the stall clock."""
         source = grant.source
         started = self.rt.clock.now()
-        timeout_s = min(self.plan.timeouts[source], self.deadline - started)
+        full_timeout_s = self.plan.timeouts[source]
+        timeout_s = min(full_timeout_s, self.deadline - started)
         with self.clock.attempting() as attempt:
-            outcome = await self._send_and_settle(grant, timeout_s)
-            exempt = self.plan.policy.rate_limit_exempt
-            if outcome.kind is OutcomeKind.RATE_LIMITED and exempt:
+            try:
+                outcome = await self.rt.sources[source].send(self.payload, timeout_s=timeout_s)
+            except BaseException:
+                await self._release(grant)
+                raise
+            if outcome.kind is OutcomeKind.RATE_LIMITED and self.plan.policy.rate_limit_exempt:
                 attempt.refund()
-            record = AttemptRecord(
-                source=source,
-                outcome=outcome.kind.value,
-                seconds=self.rt.clock.now() - started,
-                started_s=started - self.clock.entered_at,
-                status=outcome.status,
-                reason=outcome.reason,
-                burned_budget=not attempt.refunded,
-            )
-            self.trail.append(record)
-            self.rt.telemetry.emit(
-                AttemptEvent(
-                    scope=self.plan.name,
-                    source=source,
-                    attempt=len(self.trail),
-                    outcome=record.outcome,
-                    started_s=record.started_s,
-                    seconds=record.seconds,
-                    status=record.status,
-                    reason=record.reason,
-                    burned_budget=record.burned_budget,
-                )
-            )
+            self._record(source, outcome, started, burned=not attempt.refunded)
+            # An attempt the call's deadline cut short says nothing about its source.
+            cut_short = outcome.timed_out and timeout_s < full_timeout_s
+            await self._settle(grant, outcome, cut_short)
         return outcome
 
-    async def _send_and_settle(self, grant: Grant, timeout_s: float) -> Outcome:
-        terms = self.plan.terms[grant.source]
-        try:
-            outcome = await self.rt.sources[grant.source].send(self.payload, timeout_s=timeout_s)
-        except BaseException:
-            await self._release(grant)
-            raise
-        effect = effect_of(outcome.kind, outcome.credentials_rejected)
+    def _record(self, source: str, outcome: Outcome, started: float, burned: bool) -> None:
+        record = AttemptRecord(
+            source=source,
+            outcome=outcome.kind.value,
+            seconds=self.rt.clock.now() - started,
+            started_s=started - self.clock.entered_at,
+            status=outcome.status,
+            reason=outcome.reason,
+            burned_budget=burned,
+        )
+        self.trail.append(record)
+        self.rt.telemetry.emit(
+            AttemptEvent(self.plan.name, attempt=len(self.trail), **record.as_dict())
+        )
+
+    async def _settle(self, grant: Grant, outcome: Outcome, cut_short: bool) -> None:
+        kind = outcome.kind
+        success = kind is OutcomeKind.SUCCESS
+        effect = Effect.NEUTRAL if cut_short else effect_of(kind, outcome.credentials_rejected)
+        if success:  # a success that reports no usage keeps its estimate
+            used = outcome.used_tokens if outcome.used_tokens is not None else self.est_tokens
+        else:
+            used = 0
         settlement = Settlement(
             scope=self.plan.name,
-            source=terms,
+            source=self.plan.terms[grant.source],
             permit_id=grant.permit_id,
             admitted_at=grant.admitted_at,
             effect=effect,
-            congested=outcome.kind is OutcomeKind.RATE_LIMITED or outcome.timed_out,
-            pause_s=outcome.retry_after_s if outcome.kind is OutcomeKind.RATE_LIMITED else None,
+            congested=not cut_short and (kind is OutcomeKind.RATE_LIMITED or outcome.timed_out),
+            pause_s=self._sane_hint(outcome.retry_after_s)
+            if kind is OutcomeKind.RATE_LIMITED
+            else None,
             est_tokens=self.est_tokens,
-            used_tokens=outcome.used_tokens if outcome.kind is OutcomeKind.SUCCESS else None,
+            used_tokens=used,
         )
         if effect is Effect.AUTH_FAILURE:
             self._alert_credentials(grant.source)
         try:
             await self.rt.store.settle(settlement)
         except Exception:
-            if outcome.kind is not OutcomeKind.SUCCESS:
+            if not success:
                 raise
             # A paid result is never discarded because its bookkeeping failed.
             logger.error(
@@ -272,7 +296,6 @@ class GovernedCall:
                 grant.source,
                 exc_info=True,
             )
-        return outcome
 
     async def _release(self, grant: Grant) -> None:
         """Give the permit back after an attempt that did not finish (e.g. cancelled)."""
@@ -284,12 +307,15 @@ class GovernedCall:
             effect=Effect.NEUTRAL,
             est_tokens=self.est_tokens,
         )
+        release = asyncio.ensure_future(self.rt.store.settle(settlement))
         try:
             # Shielded: a second cancellation must not interrupt the release itself.
-            await asyncio.shield(self.rt.store.settle(settlement))
-        except BaseException:
+            await asyncio.shield(release)
+        except asyncio.CancelledError:
+            pass  # the release goes on in the background
+        except Exception:
             logger.warning(
-                "scope %r: releasing permit of %r failed; its lease will expire",
+                "scope %r: releasing a permit of %r failed; it returns when its lease expires",
                 self.plan.name,
                 grant.source,
                 exc_info=True,
@@ -302,7 +328,14 @@ class GovernedCall:
 
     # -- verdicts ----------------------------------------------------------------
 
-    def _count_failure(self, source: str, outcome: Outcome) -> None:
+    def _sane_hint(self, seconds: float | None) -> float | None:
+        """A provider's or store's reopening hint, if usable: finite, positive, capped."""
+        if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+            return None
+        return min(seconds, self.plan.retry_after_cap_s)
+
+    def _judge_failure(self, source: str, outcome: Outcome) -> None:
+        """Count a failed attempt against the budget, or raise the verdict it settles."""
         status = f" (HTTP {outcome.status})" if outcome.status is not None else ""
         reason = f": {outcome.reason}" if outcome.reason else ""
         self.last_error = f"{source}: {outcome.kind.value}{status}{reason}"
@@ -310,10 +343,13 @@ class GovernedCall:
             raise SourceFatalError(
                 outcome.reason or "fatal", self.plan.name, source, outcome.status, self.trail
             )
+        if self.rt.clock.now() >= self.deadline:
+            raise self._exhausted("deadline")  # e.g. an attempt the deadline cut short
         self.last_failure[source] = len(self.trail)
         if outcome.kind is OutcomeKind.RATE_LIMITED:
-            if outcome.retry_after_s is not None:
-                self.reopen_at = self.rt.clock.now() + outcome.retry_after_s
+            hint = self._sane_hint(outcome.retry_after_s)
+            if hint is not None and not self._reopening_known():
+                self.reopen_at = self.rt.clock.now() + hint
             if self.plan.policy.rate_limit_exempt:
                 return
         self.fails += 1
@@ -328,6 +364,9 @@ class GovernedCall:
                     self.trail,
                 )
 
+    def _reopening_known(self) -> bool:
+        return self.reopen_at is not None and self.reopen_at > self.rt.clock.now()
+
     def _exhausted(self, reason: ExhaustedReason) -> AllSourcesExhausted:
         return AllSourcesExhausted(
             reason,
@@ -339,11 +378,15 @@ class GovernedCall:
         )
 
     def _retry_after_s(self) -> float:
-        """Soonest known reopening of the scope, clamped (SPEC §3 rule 7)."""
-        if self.reopen_at is None:
-            estimate = self.plan.stall_window_s
-        else:
+        """Soonest known reopening of the scope, clamped (SPEC §3 rule 7).
+
+        A reopening that has already passed is no longer known: the estimate
+        then falls back to `stall_window_s`.
+        """
+        if self.reopen_at is not None and self._reopening_known():
             estimate = self.reopen_at - self.rt.clock.now()
+        else:
+            estimate = self.plan.stall_window_s
         return min(max(estimate, self.plan.poll_interval_s), self.plan.retry_after_cap_s)
 
     def _result(self, source: str, outcome: Outcome) -> CallResult:

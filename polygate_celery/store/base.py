@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Literal, Protocol, Self, runtime_checkable
 
 from polygate_celery.core.breaker import BreakerMode, Effect
 from polygate_celery.core.terms import SourceTerms
@@ -64,7 +65,8 @@ class Settlement:
     `effect` drives the breaker; `congested` asks for an AIMD decrease (a 429
     or a timeout); a SUCCESS also increases the AIMD limit and marks the scope's
     progress. `pause_s` pauses the source fleet-wide (a later pause is kept).
-    `used_tokens` settles the token estimate; None refunds it.
+    `used_tokens` is charged in place of the `est_tokens` reserved at admission
+    (0 refunds the estimate).
     """
 
     scope: str
@@ -75,7 +77,24 @@ class Settlement:
     congested: bool = False
     pause_s: float | None = None
     est_tokens: int = 0
-    used_tokens: int | None = None
+    used_tokens: int = 0
+
+
+class ReleaseWatch(Protocol):
+    """A watch on permit releases, started when it is created (see `Store.watch_releases`)."""
+
+    async def wait(self) -> None:
+        """Return once a watched permit was released since the watch started."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +131,13 @@ class Store(Protocol):
         """Pause `source` fleet-wide for `seconds`, keeping a later existing pause."""
         ...
 
-    async def wait_for_release(self, sources: Sequence[str]) -> None:
-        """Return once a permit of one of `sources` is released.
+    def watch_releases(self, sources: Sequence[str]) -> ReleaseWatch:
+        """Start watching for a released permit of one of `sources`, as of now.
 
-        May return early or spuriously; callers race it against their poll timer.
+        Synchronous, so a caller that starts the watch before asking for a
+        permit misses no release that happens after the refusal. A watch may
+        fire spuriously; callers race it against their poll timer. Use it as a
+        context manager to stop watching.
         """
         ...
 

@@ -12,6 +12,8 @@ import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
 
 from polygate_celery.clock import Clock, SystemClock
 from polygate_celery.core.aimd import (
@@ -28,7 +30,7 @@ from polygate_celery.core.breaker import (
     breaker_reopens_at,
     breaker_settle,
 )
-from polygate_celery.core.quota import gcra_adjust, gcra_reserve
+from polygate_celery.core.quota import gcra_reserve, gcra_settle
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.base import (
     AdmitRequest,
@@ -64,7 +66,7 @@ class MemoryStore:
         self._sources: dict[str, _SourceState] = {}
         self._quotas: dict[str, _QuotaState] = {}
         self._progress: dict[str, float] = {}
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._watches: dict[str, set[_Watch]] = {}
 
     def _source(self, terms: SourceTerms) -> _SourceState:
         state = self._sources.setdefault(terms.name, _SourceState())
@@ -155,12 +157,12 @@ class MemoryStore:
             state.paused_until = max(state.paused_until, now + settlement.pause_s)
         quota = terms.quota
         if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
-            used = settlement.used_tokens if settlement.used_tokens is not None else 0
             quota_state = self._quotas.setdefault(quota.name, _QuotaState())
-            quota_state.token_tat = gcra_adjust(
-                quota_state.token_tat, used - settlement.est_tokens, quota.tpm
+            quota_state.token_tat = gcra_settle(
+                quota_state.token_tat, settlement.est_tokens, settlement.used_tokens, quota.tpm
             )
-        self._wake(terms.name)
+        for watch in self._watches.pop(terms.name, set()):
+            watch.fire()
         return True
 
     async def progress_age_s(self, scope: str) -> float:
@@ -178,22 +180,8 @@ class MemoryStore:
         state = self._sources.setdefault(source, _SourceState())
         state.paused_until = max(state.paused_until, self._clock.now() + seconds)
 
-    async def wait_for_release(self, sources: Sequence[str]) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for name in sources:
-            self._waiters.setdefault(name, []).append(future)
-        try:
-            await future
-        finally:
-            for name in sources:
-                waiters = self._waiters.get(name)
-                if waiters and future in waiters:
-                    waiters.remove(future)
-
-    def _wake(self, source: str) -> None:
-        for future in self._waiters.pop(source, []):
-            if not future.done():
-                future.set_result(None)
+    def watch_releases(self, sources: Sequence[str]) -> _Watch:
+        return _Watch(self._watches, tuple(sources))
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         state = self._source(source)
@@ -205,3 +193,36 @@ class MemoryStore:
             breaker_failures=state.breaker.failures,
             paused_for_s=max(0.0, state.paused_until - self._clock.now()),
         )
+
+
+class _Watch:
+    """A release watch of the in-memory store: registered on creation, fired by `settle`."""
+
+    def __init__(self, registry: dict[str, set[_Watch]], sources: tuple[str, ...]) -> None:
+        self._registry = registry
+        self._sources = sources
+        self._fired = asyncio.Event()
+        for name in sources:
+            registry.setdefault(name, set()).add(self)
+
+    def fire(self) -> None:
+        self._fired.set()
+
+    async def wait(self) -> None:
+        await self._fired.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for name in self._sources:
+            watches = self._registry.get(name)
+            if watches is not None:
+                watches.discard(self)
+                if not watches:
+                    del self._registry[name]

@@ -32,6 +32,7 @@ class VirtualClock:
         self._timers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
         self._wakeup: asyncio.Handle | None = None
+        self._wakeup_loop: asyncio.AbstractEventLoop | None = None
 
     def now(self) -> float:
         return self._now
@@ -59,14 +60,14 @@ class VirtualClock:
         self._now += seconds
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, turns: int = 0) -> None:
-        if self._wakeup is None:
+        # A wake-up queued on another (or a closed) loop will never run: replace it.
+        if self._wakeup is None or self._wakeup_loop is not loop:
             self._wakeup = loop.call_soon(self._on_idle, loop, turns)
+            self._wakeup_loop = loop
 
     def _on_idle(self, loop: asyncio.AbstractEventLoop, turns: int) -> None:
         self._wakeup = None
-        ready = getattr(loop, "_ready", None)
-        busy = len(ready) > 0 if ready is not None else turns < _FALLBACK_IDLE_TURNS
-        if busy:
+        if _busy(loop, turns):
             self._schedule(loop, turns + 1)
             return
         while self._timers and self._timers[0][2].done():
@@ -80,3 +81,21 @@ class VirtualClock:
                 future.set_result(None)
         if self._timers:
             self._schedule(loop)
+
+
+def _busy(loop: asyncio.AbstractEventLoop, turns: int) -> bool:
+    """Can anything on `loop` still run, other than virtual clocks waiting for idleness?
+
+    Wake-ups of other virtual clocks on the same loop do not count, or two
+    clocks would each see the other as work and never advance.
+    """
+    ready = getattr(loop, "_ready", None)
+    if ready is None:
+        return turns < _FALLBACK_IDLE_TURNS
+    return any(
+        getattr(getattr(h, "_callback", None), "__func__", None) is not _IDLE_CALLBACK
+        for h in ready
+    )
+
+
+_IDLE_CALLBACK = VirtualClock._on_idle

@@ -310,3 +310,20 @@ def test_max_call_s_default_with_built_in_defaults() -> None:
 
 def test_max_call_s_set_explicitly_wins() -> None:
     assert parse_config(one_scope(max_call_s=42)).max_call_s("x") == 42.0
+
+
+def test_unparseable_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLYGATE_SCOPES", "not json")
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    assert info.value.field == "scopes"
+
+
+def test_retry_after_cap_below_poll_interval_is_rejected() -> None:
+    data = {
+        "sources": {"a": {}},
+        "scopes": {
+            "x": {"kind": "chat", "sources": ["a"], "poll_interval_s": 5, "retry_after_cap_s": 2}
+        },
+    }
+    assert field_of(data) == "scopes.x.retry_after_cap_s"

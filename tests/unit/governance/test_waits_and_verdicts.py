@@ -108,7 +108,8 @@ async def test_default_deadline_is_attempts_times_timeout_plus_two_windows(
     ("retry_after_s", "cap", "expected"),
     [
         pytest.param(1_000, 3_600, 1_000 - 11, id="soonest-known-reopening"),
-        pytest.param(10_000, 600, 600, id="clamped-to-cap"),
+        # A hint beyond the cap pauses the source only up to the cap.
+        pytest.param(10_000, 600, 600 - 11, id="hint-clamped-to-cap"),
         pytest.param(None, 3_600, 10, id="unknown-is-the-stall-window"),
     ],
 )
@@ -156,3 +157,83 @@ def test_a_scope_source_without_adapter_is_a_config_error(clock: VirtualClock) -
     with pytest.raises(ConfigError) as caught:
         Gateway(make_config("chat", {"a": {}, "b": {}}), {"a": ScriptedSource(clock, [])})
     assert caught.value.field == "sources.b"
+
+
+async def test_an_attempt_cut_by_the_deadline_is_a_deadline_not_a_source_failure(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """The last allowed attempt, cut short by max_call_s, must not read as retry_exhausted."""
+    source = ScriptedSource.always(clock, steps.ok(duration_s=30))
+    config = make_config(
+        "chat",
+        {"a": {"timeout_s": 60, "breaker": {"failure_threshold": 1}}},
+        max_attempts=1,
+        max_call_s=10,
+    )
+    gw = gateway(config, {"a": source})
+
+    with pytest.raises(AllSourcesExhausted) as caught:
+        await gw.call("s", "x")
+
+    assert (caught.value.reason, clock.now()) == ("deadline", 10.0)
+    (snapshot,) = await gw.snapshot("s")
+    assert (snapshot.breaker, snapshot.permit_limit) == ("closed", 8)  # no penalty
+
+
+async def test_a_reopening_that_has_passed_is_no_longer_an_estimate(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    source = ScriptedSource(
+        clock,
+        itertools.chain(
+            [steps.rate_limited(retry_after_s=2)], itertools.repeat(steps.rate_limited())
+        ),
+    )
+    gw = gateway(make_config("chat", stall_window_s=10), {"a": source})
+
+    with pytest.raises(AllSourcesExhausted) as caught:
+        await gw.call("s", "x")
+
+    assert caught.value.reason == "stalled"
+    assert caught.value.retry_after_s == 10.0  # nothing known: the stall window
+
+
+@pytest.mark.parametrize("hint", [float("nan"), float("inf"), -5.0])
+async def test_an_unusable_retry_after_hint_is_ignored(
+    clock: VirtualClock, gateway: GatewayFactory, hint: float
+) -> None:
+    source = ScriptedSource(clock, [steps.rate_limited(retry_after_s=hint), steps.ok("y")])
+    gw = gateway(make_config("chat"), {"a": source})
+
+    assert (await gw.call("s", "x")).value == "y"
+    assert (await gw.snapshot("s"))[0].paused_for_s == 0.0
+
+
+async def test_a_release_just_after_the_refusal_still_wakes_the_waiter(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """B is refused at t=5 in the same instant A releases: B is served at 5, not 10."""
+    source = ScriptedSource(clock, [steps.ok("A", duration_s=5), steps.ok("B")])
+    config = make_config("chat", {"a": {"max_concurrency": 1}}, poll_interval_s=10)
+    gw = gateway(config, {"a": source})
+
+    async def later_call() -> float:
+        await clock.sleep(5)
+        await gw.call("s", "B")
+        return clock.now()
+
+    second = asyncio.ensure_future(later_call())
+    await asyncio.sleep(0)
+    await gw.call("s", "A")
+    assert await second == 5.0
+
+
+async def test_a_success_without_reported_usage_keeps_its_token_estimate(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """TPM 1000, ten calls of 600 estimated tokens: 6000 tokens, a minute's burst, then 300 s."""
+    source = ScriptedSource.always(clock, steps.ok(tokens=None))
+    gw = gateway(make_config("chat", {"a": {"tpm": 1000}}), {"a": source})
+    for _ in range(10):
+        await gw.call("s", "x", est_tokens=600)
+    assert clock.now() == pytest.approx(300.0, abs=1.0)  # not 0: the estimate was charged

@@ -82,7 +82,7 @@ class Harness:
         congested: bool = False,
         pause_s: float | None = None,
         est_tokens: int = 0,
-        used_tokens: int | None = None,
+        used_tokens: int = 0,
     ) -> bool:
         assert grant.source == source.name
         settlement = Settlement(

@@ -202,64 +202,73 @@ async def test_reopen_is_none_when_only_capacity_blocks(h: Harness) -> None:
     assert denial.reopen_in_s is None
 
 
-# --- wait_for_release ------------------------------------------------------------------
+# --- watch_releases ---------------------------------------------------------------------
 
 
-async def test_wait_for_release_returns_when_a_named_source_releases(h: Harness) -> None:
+async def test_a_watch_fires_when_a_named_source_releases(h: Harness) -> None:
     held_a = await h.grant(A)
     held_b = await h.grant(B)
     other = SourceTerms("other", 2)
     held_other = await h.grant(other)
 
-    waiter = asyncio.create_task(h.store.wait_for_release(["a", "b"]))
-    await h.turns()
-    assert not waiter.done()
+    with h.store.watch_releases(["a", "b"]) as watch:
+        waiter = asyncio.create_task(watch.wait())
+        await h.turns()
+        assert not waiter.done()
 
-    await h.settle(held_other, other)  # not one of the named sources
-    await h.turns()
-    assert not waiter.done()
+        await h.settle(held_other, other)  # not one of the named sources
+        await h.turns()
+        assert not waiter.done()
 
-    await h.settle(held_b, B)
-    await h.turns()
-    assert waiter.done()
-    await waiter
+        await h.settle(held_b, B)
+        await h.turns()
+        assert waiter.done()
+        await waiter
     await h.settle(held_a, A)
 
 
-async def test_wait_for_release_wakes_every_waiter_of_the_source(h: Harness) -> None:
+async def test_a_release_before_waiting_is_not_missed(h: Harness) -> None:
+    """The watch starts when created: a release before `wait()` still counts."""
+    held = await h.grant(ONE)
+    with h.store.watch_releases(["one"]) as watch:
+        assert isinstance(await h.admit(ONE), Denial)
+        await h.settle(held, ONE)  # released before anyone waits
+        await asyncio.wait_for(watch.wait(), timeout=1)
+
+
+async def test_every_watch_of_the_source_fires(h: Harness) -> None:
     held = await h.grant(A)
-    waiters = [asyncio.create_task(h.store.wait_for_release(["a"])) for _ in range(3)]
+    watches = [h.store.watch_releases(["a"]) for _ in range(3)]
+    waiters = [asyncio.create_task(w.wait()) for w in watches]
     await h.turns()
     assert not any(w.done() for w in waiters)
     await h.settle(held, A, Effect.FAILURE)
     await h.turns()
     assert all(w.done() for w in waiters)
     await asyncio.gather(*waiters)
+    for watch in watches:
+        watch.__exit__(None, None, None)
 
 
-async def test_a_cancelled_waiter_leaves_other_waiters_working(h: Harness) -> None:
+async def test_a_closed_watch_does_not_disturb_other_watches(h: Harness) -> None:
     held = await h.grant(A)
-    cancelled = asyncio.create_task(h.store.wait_for_release(["a"]))
-    kept = asyncio.create_task(h.store.wait_for_release(["a"]))
-    await h.turns()
-    cancelled.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await cancelled
-    assert not kept.done()
-
-    await h.settle(held, A)
-    await h.turns()
-    assert kept.done()
-    await kept
+    with h.store.watch_releases(["a"]):
+        pass
+    with h.store.watch_releases(["a"]) as kept:
+        waiter = asyncio.create_task(kept.wait())
+        await h.settle(held, A)
+        await h.turns()
+        assert waiter.done()
 
 
 async def test_a_denial_is_not_a_release(h: Harness) -> None:
     await h.grant(ONE)
-    waiter = asyncio.create_task(h.store.wait_for_release(["one"]))
-    await h.turns()
-    assert isinstance(await h.admit(ONE), Denial)
-    await h.turns()
-    assert not waiter.done()
-    waiter.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
+    with h.store.watch_releases(["one"]) as watch:
+        waiter = asyncio.create_task(watch.wait())
+        await h.turns()
+        assert isinstance(await h.admit(ONE), Denial)
+        await h.turns()
+        assert not waiter.done()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter

@@ -239,10 +239,16 @@ async def test_tpm_charges_an_underestimate_at_settlement(h: Harness) -> None:
     await h.deny(TOKENS, est_tokens=1)
 
 
+async def test_settling_with_the_estimate_changes_nothing(h: Harness) -> None:
+    grant = await h.grant(TOKENS, est_tokens=1000)
+    await h.settle(grant, TOKENS, est_tokens=1000, used_tokens=1000)
+    await h.deny(TOKENS, est_tokens=1)
+
+
 async def test_a_failed_settlement_refunds_the_whole_estimate(h: Harness) -> None:
     grant = await h.grant(TOKENS, est_tokens=1000)
     await h.deny(TOKENS, est_tokens=1)
-    await h.settle(grant, TOKENS, Effect.FAILURE, est_tokens=1000, used_tokens=None)
+    await h.settle(grant, TOKENS, Effect.FAILURE, est_tokens=1000, used_tokens=0)
     await h.grant(TOKENS, est_tokens=1000)
 
 
