@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -65,3 +67,20 @@ def gateway(clock: VirtualClock, recorder: Recorder) -> GatewayFactory:
         return Gateway(config, sources, clock=clock, **kwargs)
 
     return build
+
+
+@pytest.fixture
+def no_real_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail any test that sleeps for real: unit tests run in virtual time only."""
+    real_sleep = asyncio.sleep
+
+    async def guarded_sleep(delay: float, result: Any = None) -> Any:
+        if delay > 0:
+            raise AssertionError(f"a unit test slept for real: asyncio.sleep({delay})")
+        return await real_sleep(delay, result)
+
+    def guarded_time_sleep(seconds: float) -> None:
+        raise AssertionError(f"a unit test slept for real: time.sleep({seconds})")
+
+    monkeypatch.setattr(asyncio, "sleep", guarded_sleep)
+    monkeypatch.setattr(time, "sleep", guarded_time_sleep)
