@@ -88,7 +88,7 @@ class Tally:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, AttemptEvent):
-            self.attempts[event.source][event.outcome] += 1
+            self.attempts[event.record.source][event.record.outcome] += 1
 
 
 @dataclass

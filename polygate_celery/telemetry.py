@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from polygate_celery.core.outcome import AttemptRecord
 from polygate_celery.store.base import BlockReason
 
 logger = logging.getLogger("polygate_celery")
@@ -19,17 +20,11 @@ logger = logging.getLogger("polygate_celery")
 
 @dataclass(frozen=True, slots=True)
 class AttemptEvent:
-    """An attempt ended. Times are seconds from the start of its call."""
+    """An attempt ended: the `attempt`-th of its call, as recorded in the call's trail."""
 
     scope: str
-    source: str
     attempt: int
-    outcome: str
-    started_s: float
-    seconds: float
-    status: int | None
-    reason: str | None
-    burned_budget: bool
+    record: AttemptRecord
 
 
 @dataclass(frozen=True, slots=True)

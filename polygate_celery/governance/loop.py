@@ -257,9 +257,7 @@ class GovernedCall:
             burned_budget=burned,
         )
         self.trail.append(record)
-        self.rt.telemetry.emit(
-            AttemptEvent(self.plan.name, attempt=len(self.trail), **record.as_dict())
-        )
+        self.rt.telemetry.emit(AttemptEvent(self.plan.name, len(self.trail), record))
 
     async def _settle(self, grant: Grant, outcome: Outcome, cut_short: bool) -> None:
         kind = outcome.kind

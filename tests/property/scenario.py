@@ -227,7 +227,7 @@ class Step_:
 
 
 def non_productive_steps(run: Run) -> list[Step_]:
-    attempts = [e for e in run.events if isinstance(e, AttemptEvent)]
+    attempts = [e.record for e in run.events if isinstance(e, AttemptEvent)]
     waits = [e for e in run.events if isinstance(e, WaitEvent)]
     timeline = sorted(
         [(e.started_s, e.seconds, "attempt", e) for e in attempts]
@@ -270,11 +270,8 @@ def first_due(run: Run) -> tuple[float, Step_] | None:
 
 
 def stalled_at(run: Run, t: float) -> float:
-    productive = sum(
-        min(e.seconds, max(0.0, t - e.started_s))
-        for e in run.events
-        if isinstance(e, AttemptEvent) and e.burned_budget
-    )
+    records = [e.record for e in run.events if isinstance(e, AttemptEvent)]
+    productive = sum(min(r.seconds, max(0.0, t - r.started_s)) for r in records if r.burned_budget)
     return t - productive
 
 
