@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
 
@@ -28,3 +29,14 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+@runtime_checkable
+class WaitsForIO(Protocol):
+    """A virtual clock that must not move while real I/O it is told about is in flight.
+
+    A store that does network I/O under an injected clock wraps each round trip
+    in `waiting_for_io()`, so virtual time stands still until the reply is in.
+    """
+
+    def waiting_for_io(self) -> AbstractContextManager[None]: ...

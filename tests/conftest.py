@@ -1,18 +1,27 @@
-"""Shared fixtures: virtual time and small configurations built in one line."""
+"""Shared fixtures: virtual time, a real Redis, stores, and configurations in one line.
+
+`store` is parametrized: every test that uses it (or the `gateway` fixture)
+runs once on the in-memory store and once on the Redis store, both in virtual
+time, so the loop's acceptance tests hold on both.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
-from polygate_celery import Gateway, GatewayConfig, MemoryStore, parse_config
+from polygate_celery import Gateway, GatewayConfig, MemoryStore, Store, parse_config
 from polygate_celery.sources import Source
+from polygate_celery.store.redis import RedisStore
 from polygate_celery.telemetry import Event
 from polygate_celery.testing import VirtualClock
+from tests.redis_server import RedisServer, reachable_redis
 
 
 def make_config(
@@ -53,15 +62,60 @@ def recorder() -> Recorder:
     return Recorder()
 
 
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real Redis: 127.0.0.1:6379 when it answers, else a private server for the session."""
+    url = reachable_redis()
+    if url is not None:
+        yield url
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+def unique_prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+StoreFactory = Callable[[VirtualClock], Store]
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"])
+async def store_factory(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+    """Build stores of one kind on a given clock; Redis ones get their own prefix and clean up."""
+    if request.param == "memory":
+        yield MemoryStore
+        return
+    url = request.getfixturevalue("redis_url")
+    made: list[RedisStore] = []
+
+    def build(clock: VirtualClock) -> Store:
+        store = RedisStore.from_url(url, prefix=unique_prefix(), clock=clock)
+        made.append(store)
+        return store
+
+    yield build
+    for store in made:
+        keys = [key async for key in store.client.scan_iter(match=store.keys.pattern)]
+        if keys:
+            await store.client.delete(*keys)
+        await store.aclose()
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory, clock: VirtualClock) -> Store:
+    return store_factory(clock)
+
+
 GatewayFactory = Callable[..., Gateway]
 
 
 @pytest.fixture
-def gateway(clock: VirtualClock, recorder: Recorder) -> GatewayFactory:
+def gateway(clock: VirtualClock, recorder: Recorder, store: Store) -> GatewayFactory:
     """Build a deterministic gateway: virtual clock, random source fixed at 0, events recorded."""
 
     def build(config: GatewayConfig, sources: Mapping[str, Source], **kwargs: Any) -> Gateway:
-        kwargs.setdefault("store", MemoryStore(clock))
+        kwargs.setdefault("store", store)
         kwargs.setdefault("random", lambda: 0.0)
         kwargs.setdefault("hooks", [recorder])
         return Gateway(config, sources, clock=clock, **kwargs)
@@ -84,3 +138,12 @@ def no_real_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(asyncio, "sleep", guarded_sleep)
     monkeypatch.setattr(time, "sleep", guarded_time_sleep)
+
+
+async def until(condition: Callable[[], bool], turns: int = 100_000) -> None:
+    """Yield to the event loop until `condition` holds (a store round trip may be in flight)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")

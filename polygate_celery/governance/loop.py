@@ -32,10 +32,12 @@ bound on random scripts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,7 +53,9 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     SourceFatalError,
 )
+from polygate_celery.governance.lease import LeaseKeeper
 from polygate_celery.governance.plan import ScopePlan
+from polygate_celery.governance.timing import within
 from polygate_celery.sources.base import Source
 from polygate_celery.store.base import (
     AdmitRequest,
@@ -199,7 +203,7 @@ class GovernedCall:
         if delay <= 0:
             return
         if released is not None:
-            await self._sleep_or_release(delay, released)
+            await within(self.rt.clock, delay, released.wait())
         else:
             await self.rt.clock.sleep(delay)
         self.rt.telemetry.emit(
@@ -212,18 +216,6 @@ class GovernedCall:
             )
         )
 
-    async def _sleep_or_release(self, delay: float, released: ReleaseWatch) -> None:
-        sleeper = asyncio.ensure_future(self.rt.clock.sleep(delay))
-        waker = asyncio.ensure_future(released.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
-        for task in (sleeper, waker):
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-
     # -- attempting --------------------------------------------------------------
 
     async def _attempt(self, grant: Grant) -> Outcome:
@@ -234,7 +226,8 @@ class GovernedCall:
         timeout_s = min(full_timeout_s, self.deadline - started)
         with self.clock.attempting() as attempt:
             try:
-                outcome = await self.rt.sources[source].send(self.payload, timeout_s=timeout_s)
+                async with self._lease(grant):
+                    outcome = await self.rt.sources[source].send(self.payload, timeout_s=timeout_s)
             except BaseException:
                 await self._release(grant)
                 raise
@@ -245,6 +238,11 @@ class GovernedCall:
             cut_short = outcome.timed_out and timeout_s < full_timeout_s
             await self._settle(grant, outcome, cut_short)
         return outcome
+
+    def _lease(self, grant: Grant) -> AbstractAsyncContextManager[object]:
+        if grant.lease_s is None:
+            return contextlib.nullcontext()
+        return LeaseKeeper(self.rt.store, self.rt.clock, self.plan.terms[grant.source], grant)
 
     def _record(self, source: str, outcome: Outcome, started: float, burned: bool) -> None:
         record = AttemptRecord(

@@ -39,11 +39,16 @@ class AdmitRequest:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """A permit at `source`. `admitted_at` is in the store's clock (for AIMD episodes)."""
+    """A permit at `source`. `admitted_at` is in the store's clock (for AIMD episodes).
+
+    `lease_s` is set when the permit is a lease that expires unless renewed
+    (the Redis store): the holder renews it while its attempt runs.
+    """
 
     source: str
     permit_id: str
     admitted_at: float
+    lease_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +128,16 @@ class Store(Protocol):
         """Apply `settlement`; False if the permit was no longer held (already reclaimed)."""
         ...
 
+    async def renew(self, source: SourceTerms, permit_id: str, lease_s: float) -> bool:
+        """Extend a held permit's lease by `lease_s`; False if it is no longer held."""
+        ...
+
     async def progress_age_s(self, scope: str) -> float:
         """Seconds since the scope's last success, in the store's clock; ``inf`` if none."""
+        ...
+
+    async def mark_progress(self, scope: str) -> None:
+        """Record a success in `scope` now (a success settled elsewhere, e.g. a reused result)."""
         ...
 
     async def pause_source(self, source: str, seconds: float) -> None:

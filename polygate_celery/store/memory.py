@@ -8,12 +8,9 @@ Permits do not need leases here: a process that dies takes its store with it.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Self
 
 from polygate_celery.clock import Clock, SystemClock
 from polygate_celery.core.aimd import (
@@ -40,6 +37,7 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
+from polygate_celery.store.releases import ReleaseHub, Watch
 
 PROGRESS_TTL_S = 3600.0
 
@@ -66,7 +64,7 @@ class MemoryStore:
         self._sources: dict[str, _SourceState] = {}
         self._quotas: dict[str, _QuotaState] = {}
         self._progress: dict[str, float] = {}
-        self._watches: dict[str, set[_Watch]] = {}
+        self._releases = ReleaseHub()
 
     def _source(self, terms: SourceTerms) -> _SourceState:
         state = self._sources.setdefault(terms.name, _SourceState())
@@ -161,8 +159,7 @@ class MemoryStore:
             quota_state.token_tat = gcra_settle(
                 quota_state.token_tat, settlement.est_tokens, settlement.used_tokens, quota.tpm
             )
-        for watch in self._watches.pop(terms.name, set()):
-            watch.fire()
+        self._releases.released(terms.name)
         return True
 
     async def progress_age_s(self, scope: str) -> float:
@@ -172,16 +169,20 @@ class MemoryStore:
         age = self._clock.now() - marked
         return math.inf if age >= PROGRESS_TTL_S else max(0.0, age)
 
-    def mark_progress(self, scope: str) -> None:
-        """Record a success in `scope` now, as another worker's call would (for tests)."""
+    async def mark_progress(self, scope: str) -> None:
+        """Record a success in `scope` now, as another worker's call would."""
         self._progress[scope] = self._clock.now()
 
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())
         state.paused_until = max(state.paused_until, self._clock.now() + seconds)
 
-    def watch_releases(self, sources: Sequence[str]) -> _Watch:
-        return _Watch(self._watches, tuple(sources))
+    def watch_releases(self, sources: Sequence[str]) -> Watch:
+        return self._releases.watch(sources)
+
+    async def renew(self, source: SourceTerms, permit_id: str, lease_s: float) -> bool:
+        """Permits here carry no lease; one is held until it is settled."""
+        return permit_id in self._source(source).permits
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         state = self._source(source)
@@ -193,36 +194,3 @@ class MemoryStore:
             breaker_failures=state.breaker.failures,
             paused_for_s=max(0.0, state.paused_until - self._clock.now()),
         )
-
-
-class _Watch:
-    """A release watch of the in-memory store: registered on creation, fired by `settle`."""
-
-    def __init__(self, registry: dict[str, set[_Watch]], sources: tuple[str, ...]) -> None:
-        self._registry = registry
-        self._sources = sources
-        self._fired = asyncio.Event()
-        for name in sources:
-            registry.setdefault(name, set()).add(self)
-
-    def fire(self) -> None:
-        self._fired.set()
-
-    async def wait(self) -> None:
-        await self._fired.wait()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        for name in self._sources:
-            watches = self._registry.get(name)
-            if watches is not None:
-                watches.discard(self)
-                if not watches:
-                    del self._registry[name]

@@ -7,9 +7,10 @@ the earliest timer and wakes every sleeper due then, in the order they went to
 sleep. Concurrent calls therefore interleave deterministically, and a
 five-minute timeout costs no real time.
 
-The clock drives tasks that wait on it and on each other. Real I/O (a socket to
-Redis, say) is not waited for, so time may jump while a reply is in flight;
-use `advance()` to move time by hand around such operations.
+The clock drives tasks that wait on it and on each other. Real I/O is waited
+for only when it is wrapped in `waiting_for_io()` (the Redis store does this for
+every round trip when given this clock); otherwise time may jump while a reply
+is in flight. `advance()` moves time by hand.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import asyncio
 import heapq
 import itertools
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Loops without a readable ready queue (uvloop): hand the loop this many
 # turns before judging it idle.
@@ -33,6 +36,7 @@ class VirtualClock:
         self._order = itertools.count()
         self._wakeup: asyncio.Handle | None = None
         self._wakeup_loop: asyncio.AbstractEventLoop | None = None
+        self._io_in_flight = 0
 
     def now(self) -> float:
         return self._now
@@ -53,6 +57,17 @@ class VirtualClock:
             if not future.done():
                 future.cancel()  # a cancelled sleeper; its timer is skipped when reached
 
+    @contextmanager
+    def waiting_for_io(self) -> Iterator[None]:
+        """Hold time still while the enclosed real I/O is in flight."""
+        self._io_in_flight += 1
+        try:
+            yield
+        finally:
+            self._io_in_flight -= 1
+            if self._io_in_flight == 0 and self._timers:
+                self._schedule(asyncio.get_running_loop())
+
     def advance(self, seconds: float) -> None:
         """Move time forward by hand. Sleepers that come due wake on the next idle turn."""
         if not seconds >= 0:  # also rejects NaN
@@ -67,6 +82,8 @@ class VirtualClock:
 
     def _on_idle(self, loop: asyncio.AbstractEventLoop, turns: int) -> None:
         self._wakeup = None
+        if self._io_in_flight:
+            return  # rescheduled when the last I/O completes
         if _busy(loop, turns):
             self._schedule(loop, turns + 1)
             return

@@ -158,7 +158,7 @@ async def _run(sc: Scenario) -> Run:
 
     async def keeper(every_s: float) -> None:
         while clock.now() <= sc.progress_until_s:
-            store.mark_progress("s")
+            await store.mark_progress("s")
             marks.append(clock.now())
             await clock.sleep(every_s)
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from polygate_celery import MemoryStore
+from polygate_celery import Store
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, make_config
 
@@ -22,12 +22,10 @@ async def run_and_cancel(
     gateway: GatewayFactory,
     source: ScriptedSource,
     when: float,
-    store: MemoryStore | None = None,
     **scope: object,
 ) -> int:
     """Cancel a call at `when`; return the permits still held afterwards."""
-    store = store or MemoryStore(clock)
-    gw = gateway(make_config("chat", **scope), {"a": source}, store=store)
+    gw = gateway(make_config("chat", **scope), {"a": source})
     call = asyncio.ensure_future(gw.call("s", "x"))
     canceller = asyncio.ensure_future(cancel_at(clock, call, when))  # type: ignore[arg-type]
     with pytest.raises(asyncio.CancelledError):
@@ -51,19 +49,17 @@ async def test_cancel_inside_a_backoff(clock: VirtualClock, gateway: GatewayFact
 
 
 async def test_cancel_while_waiting_for_a_runnable_source(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
 ) -> None:
-    store = MemoryStore(clock)
     await store.pause_source("a", 1_000)
     source = ScriptedSource.always(clock, steps.ok())
-    held = await run_and_cancel(clock, gateway, source, when=120, store=store)
+    held = await run_and_cancel(clock, gateway, source, when=120)
     assert (held, source.attempts, clock.now()) == (0, 0, 120.0)
 
 
 async def test_cancelled_half_open_probe_frees_the_probe_slot(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
-    store = MemoryStore(clock)
     source = ScriptedSource(
         clock,
         itertools.chain(
@@ -73,7 +69,7 @@ async def test_cancelled_half_open_probe_frees_the_probe_slot(
         ),
     )
     config = make_config("chat", {"a": {"breaker": {"cooldown_s": 30}}}, max_attempts=5)
-    gw = gateway(config, {"a": source}, store=store)
+    gw = gateway(config, {"a": source})
     with pytest.raises(Exception, match="retry_exhausted"):
         await gw.call("s", "x")
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted, MemoryStore
+from polygate_celery import AllSourcesExhausted, Store
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, make_config
 
@@ -65,10 +65,9 @@ async def test_single_timeout_never_exhausts_the_stall_budget(
 
 @pytest.mark.parametrize("kind", ["embedding", "ocr"])
 async def test_timeout_then_no_runnable_source_stalls_only_on_non_productive_time(
-    kind: str, clock: VirtualClock, gateway: GatewayFactory
+    kind: str, clock: VirtualClock, gateway: GatewayFactory, store: Store
 ) -> None:
     """One timeout, then the only source is paused: no verdict until the wait passes 300 s."""
-    store = MemoryStore(clock)
     source = ScriptedSource(clock, itertools.chain([steps.timeout()], itertools.repeat(steps.ok())))
     config = make_config(kind, {"gw": QUEUEING}, **WINDOWS, poll_interval_s=1)
     gw = gateway(config, {"gw": source}, store=store)

@@ -7,30 +7,30 @@ import itertools
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted, MemoryStore
+from polygate_celery import AllSourcesExhausted, Store
 from polygate_celery.telemetry import Event, WaitEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
-from tests.conftest import GatewayFactory, Recorder, make_config
+from tests.conftest import GatewayFactory, Recorder, make_config, until
 
 WINDOW = 300.0
 
 
-async def keep_progress_fresh(clock: VirtualClock, store: MemoryStore, every_s: float) -> None:
+async def keep_progress_fresh(clock: VirtualClock, store: Store, every_s: float) -> None:
     """Another worker's calls succeeding in the same scope."""
     while True:
-        store.mark_progress("s")
+        await store.mark_progress("s")
         await clock.sleep(every_s)
 
 
 async def run_paused_call(
     clock: VirtualClock,
     gateway: GatewayFactory,
+    store: Store,
     *,
     pause_s: float,
     progress_every_s: float | None,
 ) -> tuple[str, float]:
     """The only source is paused for `pause_s`; returns (verdict, end time)."""
-    store = MemoryStore(clock)
     source = ScriptedSource.always(clock, steps.ok())
     config = make_config("chat", stall_window_s=WINDOW, max_call_s=10_000)
     gw = gateway(config, {"a": source}, store=store)
@@ -61,12 +61,13 @@ async def run_paused_call(
 async def test_four_quadrants_only_both_exceeded_is_stalled(
     clock: VirtualClock,
     gateway: GatewayFactory,
+    store: Store,
     pause_s: float,
     progress_every_s: float | None,
     expected: str,
 ) -> None:
     verdict, ended = await run_paused_call(
-        clock, gateway, pause_s=pause_s, progress_every_s=progress_every_s
+        clock, gateway, store, pause_s=pause_s, progress_every_s=progress_every_s
     )
     assert verdict == expected
     if expected == "stalled":
@@ -76,10 +77,9 @@ async def test_four_quadrants_only_both_exceeded_is_stalled(
 
 
 async def test_progress_going_stale_later_stalls_within_one_poll(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
 ) -> None:
     """The last success anywhere was at t=500: the verdict comes once that is 300 s old."""
-    store = MemoryStore(clock)
     gw = gateway(
         make_config("chat", max_call_s=10_000),
         {"a": ScriptedSource.always(clock, steps.ok())},
@@ -89,9 +89,9 @@ async def test_progress_going_stale_later_stalls_within_one_poll(
 
     async def successes_until_500() -> None:
         for _ in range(5):
-            store.mark_progress("s")
+            await store.mark_progress("s")
             await clock.sleep(100)
-        store.mark_progress("s")
+        await store.mark_progress("s")
 
     other = asyncio.ensure_future(successes_until_500())
     with pytest.raises(AllSourcesExhausted) as caught:
@@ -117,9 +117,11 @@ async def test_productive_time_never_stalls_however_long(
 
 
 async def test_non_productive_waiting_alone_stalls(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
 ) -> None:
-    verdict, ended = await run_paused_call(clock, gateway, pause_s=10_000, progress_every_s=None)
+    verdict, ended = await run_paused_call(
+        clock, gateway, store, pause_s=10_000, progress_every_s=None
+    )
     assert (verdict, WINDOW < ended <= WINDOW + 1) == ("stalled", True)
 
 
@@ -149,7 +151,7 @@ async def test_two_concurrent_calls_keep_separate_clocks(
     gw = gateway(config, {"a": source})
 
     first = asyncio.ensure_future(gw.call("s", "A"))
-    await asyncio.sleep(0)  # A takes the permit first
+    await until(lambda: source.attempts == 1)  # A holds the permit first
     with pytest.raises(AllSourcesExhausted) as caught:
         await gw.call("s", "B")
     b_ended = clock.now()

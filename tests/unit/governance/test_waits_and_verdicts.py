@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted, ConfigError, Gateway, MemoryStore
+from polygate_celery import AllSourcesExhausted, ConfigError, Gateway, Store
 from polygate_celery.telemetry import WaitEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
-from tests.conftest import GatewayFactory, Recorder, make_config
+from tests.conftest import GatewayFactory, Recorder, make_config, until
 
 
 async def test_retry_after_pauses_the_source_and_another_serves_meanwhile(
@@ -50,7 +50,7 @@ async def test_a_released_permit_wakes_the_waiter_before_its_next_poll(
     gw = gateway(config, {"a": source})
 
     first = asyncio.ensure_future(gw.call("s", "A"))
-    await asyncio.sleep(0)
+    await until(lambda: source.attempts == 1)
     second = await gw.call("s", "B")
     await first
 
@@ -58,9 +58,8 @@ async def test_a_released_permit_wakes_the_waiter_before_its_next_poll(
 
 
 async def test_fail_fast_raises_at_once_with_the_known_reopening(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
 ) -> None:
-    store = MemoryStore(clock)
     source = ScriptedSource.always(clock, steps.ok())
     gw = gateway(make_config(), {"a": source}, store=store)
     await store.pause_source("a", 42)
@@ -133,9 +132,8 @@ async def test_retry_after_estimate(
 
 
 async def test_retry_after_is_at_least_one_poll_interval(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
 ) -> None:
-    store = MemoryStore(clock)
     gw = gateway(
         make_config(poll_interval_s=5), {"a": ScriptedSource.always(clock, steps.ok())}, store=store
     )

@@ -1,16 +1,15 @@
 """The Store contract's fixtures: one parametrized factory per implementation.
 
-Every contract test runs once per store. A store is built from a `VirtualClock`
-(its clock), and the tests move time only with `VirtualClock.advance()`; they use
-nothing but the protocol's methods, so a new implementation joins by adding a
-`pytest.param` to `store_factory`.
+Every contract test runs once per store (the root conftest's parametrized
+`store` fixture). A store is built on a `VirtualClock` (its clock), and the tests
+move time only with `VirtualClock.advance()`; they use nothing but the protocol's
+methods, so a new implementation joins by adding a parameter there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
 
 import pytest
 
@@ -20,25 +19,11 @@ from polygate_celery.store import (
     AdmitRequest,
     Denial,
     Grant,
-    MemoryStore,
     Settlement,
     SourceSnapshot,
     Store,
 )
 from polygate_celery.testing import VirtualClock
-
-StoreFactory = Callable[[VirtualClock], Store]
-
-
-@pytest.fixture(params=[pytest.param(MemoryStore, id="memory")])
-def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
-    factory: StoreFactory = request.param
-    return factory
-
-
-@pytest.fixture
-def store(store_factory: StoreFactory, clock: VirtualClock) -> Store:
-    return store_factory(clock)
 
 
 class Harness:

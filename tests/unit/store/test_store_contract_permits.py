@@ -236,18 +236,35 @@ async def test_a_release_before_waiting_is_not_missed(h: Harness) -> None:
         await asyncio.wait_for(watch.wait(), timeout=1)
 
 
-async def test_every_watch_of_the_source_fires(h: Harness) -> None:
-    held = await h.grant(A)
+async def test_one_release_wakes_the_oldest_watch_only(h: Harness) -> None:
+    """Waking every waiter for one permit would only make the rest be refused again."""
+    first, second = await h.grant(A), await h.grant(A)
     watches = [h.store.watch_releases(["a"]) for _ in range(3)]
     waiters = [asyncio.create_task(w.wait()) for w in watches]
     await h.turns()
-    assert not any(w.done() for w in waiters)
-    await h.settle(held, A, Effect.FAILURE)
+    await h.settle(first, A, Effect.FAILURE)
     await h.turns()
-    assert all(w.done() for w in waiters)
-    await asyncio.gather(*waiters)
+    assert [w.done() for w in waiters] == [True, False, False]
+    await h.settle(second, A)
+    await h.turns()
+    assert [w.done() for w in waiters] == [True, True, False]
     for watch in watches:
         watch.__exit__(None, None, None)
+    waiters[2].cancel()
+
+
+async def test_an_unused_wake_up_is_handed_to_the_next_watch(h: Harness) -> None:
+    """A watch woken while its caller got a permit anyway passes the wake-up on."""
+    held = await h.grant(A)
+    lucky = h.store.watch_releases(["a"])
+    with h.store.watch_releases(["a"]) as next_in_line:
+        waiter = asyncio.create_task(next_in_line.wait())
+        await h.settle(held, A)  # wakes `lucky` first
+        await h.turns()
+        assert not waiter.done()
+        lucky.__exit__(None, None, None)  # closed without waiting: hand it on
+        await h.turns()
+        assert waiter.done()
 
 
 async def test_a_closed_watch_does_not_disturb_other_watches(h: Harness) -> None:

@@ -1,0 +1,62 @@
+"""Store layer (Redis): the key layout, versioned and hash-tagged.
+
+Every key starts with the hash tag ``{<prefix>}``, so each script's keys (which
+span several sources and their quota groups) sit in one Redis Cluster slot,
+then the schema version, so a rolling upgrade to a new layout can run beside
+the old one::
+
+    {p}:v1:src:<source>:permits     ZSET    permit id -> lease expiry (store time, s)
+    {p}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
+                                            AIMD (limit, last_decrease), paused_until
+    {p}:v1:quota:<group>            HASH    GCRA times: req (RPM), tok (TPM)
+    {p}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
+    {p}:v1:released                 channel "<origin> <source>" on every release
+
+Permits, pauses, breaker and AIMD state belong to the source (shared by every
+scope that uses it); progress belongs to the scope. Memory per source is one
+small hash and a sorted set of at most `max_concurrency` members (measured in
+`benchmarks/redis_store.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+_PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    prefix: str = "polygate"
+
+    def __post_init__(self) -> None:
+        if not _PREFIX.match(self.prefix):
+            raise ValueError(f"invalid key prefix {self.prefix!r}: letters, digits, _ . : - only")
+
+    @property
+    def base(self) -> str:
+        return f"{{{self.prefix}}}:v{SCHEMA_VERSION}"
+
+    def permits(self, source: str) -> str:
+        return f"{self.base}:src:{source}:permits"
+
+    def state(self, source: str) -> str:
+        return f"{self.base}:src:{source}:state"
+
+    def quota(self, group: str | None) -> str:
+        """The quota group's key; a placeholder (never written) for a source without one."""
+        return f"{self.base}:quota:{group}" if group else f"{self.base}:quota:-"
+
+    def progress(self, scope: str) -> str:
+        return f"{self.base}:scope:{scope}:progress"
+
+    @property
+    def released(self) -> str:
+        return f"{self.base}:released"
+
+    @property
+    def pattern(self) -> str:
+        """Every key of this prefix (for operators and test clean-up)."""
+        return f"{self.base}:*"

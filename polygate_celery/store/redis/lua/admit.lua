@@ -1,0 +1,122 @@
+-- admit.lua: grant one permit at the first runnable candidate source (selection +
+-- lease + breaker + AIMD + pause + quota, atomically).
+--
+-- Key layout (every key shares the hash tag {<prefix>}, so one Cluster slot):
+--   KEYS[3i-2]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s)
+--   KEYS[3i-1]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
+--                                                last_decrease paused_until
+--   KEYS[3i]    {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
+--                                                a placeholder key when the source has none
+-- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
+-- ARGV[2]  permit id (chosen by the caller: a repeated admit returns its first grant)
+-- ARGV[3]  lease seconds
+-- ARGV[4]  estimated tokens
+-- ARGV[5]  n, the number of candidates; then 5 values per candidate, best first:
+--          name, cap, initial AIMD limit (0: the cap), rpm (0: none), tpm (0: none)
+-- Returns  {1, name, admitted_at}                         a grant
+--          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
+--          breaker_open, probe_in_flight, at_capacity, quota
+-- Time: Redis TIME unless ARGV[1] is given.
+
+local function store_now(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function fmt(x) return string.format('%.17g', x) end
+
+local function gcra(tat, now, cost, limit)
+  local interval = 60.0 / limit
+  if cost > limit then cost = limit end
+  if cost < 0 then cost = 0 end
+  local new_tat = math.max(tat, now) + cost * interval
+  local allowed_at = new_tat - 60.0
+  if allowed_at > now then return tat, allowed_at - now end
+  return new_tat, nil
+end
+
+local now = store_now(ARGV[1])
+local permit = ARGV[2]
+local lease = tonumber(ARGV[3])
+local est = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+local W = 5
+
+for i = 1, n do
+  if redis.call('ZSCORE', KEYS[3 * i - 2], permit) then
+    return {1, ARGV[5 + (i - 1) * W + 1], fmt(now)}
+  end
+end
+
+local denial = {0, ''}
+local soonest = nil
+for i = 1, n do
+  local a = 5 + (i - 1) * W
+  local name, cap = ARGV[a + 1], tonumber(ARGV[a + 2])
+  local initial, rpm, tpm = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local pkey, skey, qkey = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+
+  redis.call('ZREMRANGEBYSCORE', pkey, '-inf', fmt(now))  -- reclaim leases expired by now
+  local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until')
+  local mode = st[1] or 'closed'
+  local open_until = tonumber(st[2] or '0')
+  local probe = st[3]
+  if probe and not redis.call('ZSCORE', pkey, probe) then
+    probe = false  -- the probe's lease was reclaimed: the half-open slot is free again
+    redis.call('HDEL', skey, 'probe')
+  end
+  if initial <= 0 then initial = cap end
+  local limit = tonumber(st[4] or initial)
+  local paused_until = tonumber(st[5] or '-1e300')
+
+  local reasons, known = {}, {}
+  if paused_until > now then
+    reasons[#reasons + 1] = 'paused'; known[#known + 1] = paused_until - now
+  end
+  local take_probe, new_mode = false, mode
+  if mode == 'open' then
+    if now < open_until then
+      reasons[#reasons + 1] = 'breaker_open'; known[#known + 1] = open_until - now
+    else
+      take_probe, new_mode = true, 'half_open'
+    end
+  elseif mode == 'half_open' then
+    if probe then reasons[#reasons + 1] = 'probe_in_flight' else take_probe = true end
+  end
+  local permits = math.max(1, math.min(cap, math.floor(limit)))
+  if redis.call('ZCARD', pkey) >= permits then reasons[#reasons + 1] = 'at_capacity' end
+  local req_tat, tok_tat = nil, nil
+  if rpm > 0 or tpm > 0 then
+    local q = redis.call('HMGET', qkey, 'req', 'tok')
+    req_tat, tok_tat = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
+    local waits = {}
+    if rpm > 0 then
+      local w; req_tat, w = gcra(req_tat, now, 1, rpm)
+      if w then waits[#waits + 1] = w end
+    end
+    if tpm > 0 and est > 0 then
+      local w; tok_tat, w = gcra(tok_tat, now, est, tpm)
+      if w then waits[#waits + 1] = w end
+    end
+    if #waits > 0 then
+      reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits))
+    end
+  end
+
+  if #reasons > 0 then
+    denial[#denial + 1] = name
+    denial[#denial + 1] = reasons[1]
+    if #known == #reasons then
+      local reopen = math.max(unpack(known))
+      if soonest == nil or reopen < soonest then soonest = reopen end
+    end
+  else
+    if take_probe then redis.call('HSET', skey, 'mode', new_mode, 'probe', permit) end
+    redis.call('ZADD', pkey, now + lease, permit)
+    if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', fmt(req_tat), 'tok', fmt(tok_tat)) end
+    return {1, name, fmt(now)}
+  end
+end
+if soonest ~= nil then denial[2] = fmt(soonest) end
+return denial

@@ -1,0 +1,90 @@
+-- settle.lua: end the attempt holding a permit: release it and record what the
+-- attempt says (breaker, AIMD, Retry-After pause, token usage, scope progress).
+-- Idempotent: a permit no longer held (settled already, or reclaimed after its lease
+-- expired) changes nothing and returns 0.
+--
+-- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
+-- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
+--                                            last_decrease paused_until
+-- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
+-- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
+-- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
+-- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
+-- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
+-- ARGV[6]  estimated tokens   ARGV[7]  used tokens (charged in place of the estimate)
+-- ARGV[8]  admitted_at        ARGV[9..11]  breaker: threshold, cooldown_s, auth_cooldown_s
+-- ARGV[12..15]  cap, AIMD increase, AIMD decrease factor, AIMD initial (0: the cap)
+-- ARGV[16] tpm (0: none)      ARGV[17] progress TTL seconds
+-- ARGV[18] release channel    ARGV[19] message published on it ("<origin> <source>")
+-- Returns  1 if the permit was held and is now released, else 0.
+-- Time: Redis TIME unless ARGV[1] is given.
+
+local function store_now(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function fmt(x) return string.format('%.17g', x) end
+
+local permit = ARGV[2]
+if redis.call('ZREM', KEYS[1], permit) == 0 then return 0 end
+local now = store_now(ARGV[1])
+local effect, congested = ARGV[3], ARGV[4] == '1'
+local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
+local admitted_at = tonumber(ARGV[8])
+local threshold, cooldown, auth_cooldown = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local cap, inc, factor, initial = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
+local tpm = tonumber(ARGV[16])
+if initial <= 0 then initial = cap end
+
+local skey = KEYS[2]
+local st = redis.call('HMGET', skey, 'mode', 'failures', 'open_until', 'probe', 'limit',
+  'last_decrease', 'paused_until')
+local mode, failures = st[1] or 'closed', tonumber(st[2] or '0')
+local open_until, probe = tonumber(st[3] or '0'), st[4]
+local limit, last_decrease = tonumber(st[5] or initial), tonumber(st[6] or '-1e300')
+local paused_until = tonumber(st[7] or '-1e300')
+local is_probe = probe == permit
+
+-- breaker (mirrors polygate_celery.core.breaker.breaker_settle)
+if effect == 'success' then
+  mode, failures, open_until, probe = 'closed', 0, 0, false
+elseif effect == 'auth_failure' then
+  mode, open_until, probe = 'open', math.max(open_until, now + auth_cooldown), false
+elseif effect == 'failure' then
+  if is_probe then
+    mode, open_until, probe = 'open', now + cooldown, false
+  elseif mode == 'closed' then
+    failures = failures + 1
+    if failures >= threshold then mode, open_until = 'open', now + cooldown end
+  end
+elseif is_probe then
+  probe = false
+end
+
+-- AIMD (mirrors polygate_celery.core.aimd): one decrease per congestion episode
+if effect == 'success' then
+  limit = math.min(cap, limit + inc)
+elseif congested and admitted_at > last_decrease then
+  limit, last_decrease = math.max(1, limit * factor), now
+end
+
+local pause = tonumber(ARGV[5])
+if pause and pause > 0 then paused_until = math.max(paused_until, now + pause) end
+
+redis.call('HSET', skey, 'mode', mode, 'failures', failures, 'open_until', fmt(open_until),
+  'limit', fmt(limit), 'last_decrease', fmt(last_decrease), 'paused_until', fmt(paused_until))
+if probe then redis.call('HSET', skey, 'probe', probe) else redis.call('HDEL', skey, 'probe') end
+
+if tpm > 0 and est > 0 then
+  local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')
+  local delta = math.min(math.max(used, 0), tpm) - math.min(math.max(est, 0), tpm)
+  redis.call('HSET', KEYS[3], 'tok', fmt(tok + delta * 60.0 / tpm))
+end
+
+if effect == 'success' then
+  redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(tonumber(ARGV[17])))
+end
+redis.call('PUBLISH', ARGV[18], ARGV[19])
+return 1

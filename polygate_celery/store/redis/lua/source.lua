@@ -1,0 +1,35 @@
+-- source.lua: pause a source (keeping a later pause), or read its state for status views.
+--
+-- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
+-- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
+--                                            last_decrease paused_until
+-- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
+-- ARGV[2]  "pause" or "snapshot"
+-- ARGV[3]  pause: seconds;  snapshot: cap
+-- ARGV[4]  snapshot: initial AIMD limit (0: the cap)
+-- Returns  pause: "0"
+--          snapshot: {live permits, permit limit, mode, failures, paused_for_s}
+-- Time: Redis TIME unless ARGV[1] is given.
+
+local function store_now(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function fmt(x) return string.format('%.17g', x) end
+
+local now = store_now(ARGV[1])
+local paused_until = tonumber(redis.call('HGET', KEYS[2], 'paused_until') or '-1e300')
+if ARGV[2] == 'pause' then
+  local until_ = math.max(paused_until, now + tonumber(ARGV[3]))
+  redis.call('HSET', KEYS[2], 'paused_until', fmt(until_))
+  return '0'
+end
+local cap, initial = tonumber(ARGV[3]), tonumber(ARGV[4])
+if initial <= 0 then initial = cap end
+local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit')
+local limit = tonumber(st[3] or initial)
+local live = redis.call('ZCOUNT', KEYS[1], '(' .. fmt(now), '+inf')
+return {live, math.max(1, math.min(cap, math.floor(limit))), st[1] or 'closed',
+  tonumber(st[2] or '0'), fmt(math.max(0, paused_until - now))}

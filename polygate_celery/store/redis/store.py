@@ -1,0 +1,310 @@
+"""Store layer (Redis): the fleet-wide governance store, one Lua script per operation.
+
+Every read-modify-write is one script from `lua/` (loaded once; `EVALSHA`,
+reloaded on ``NOSCRIPT`` by redis-py's `AsyncScript`). A successful attempt
+costs two script calls: `admit` and `settle`. Time inside the scripts is Redis
+``TIME``, or the injected clock's time passed as an argument.
+
+The client runs without hidden retries and with explicit timeouts: every
+connection error, timeout, script error or malformed reply becomes a
+`GovernanceBackendError` at once, so a call fails closed within the socket
+timeout, and the same client reconnects when Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from polygate_celery.clock import Clock, WaitsForIO
+from polygate_celery.core.terms import SourceTerms
+from polygate_celery.errors import GovernanceBackendError
+from polygate_celery.store.base import (
+    AdmitRequest,
+    BlockReason,
+    Denial,
+    Grant,
+    Settlement,
+    SourceSnapshot,
+)
+from polygate_celery.store.redis.keys import KeySpace
+from polygate_celery.store.releases import ReleaseHub, Watch
+
+logger = logging.getLogger("polygate_celery")
+
+PROGRESS_TTL_S = 3600.0
+_SCRIPTS = ("admit", "settle", "renew", "progress", "source")
+_BACKEND_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+_REPLY_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+
+
+def _fmt(x: float) -> str:
+    return repr(float(x))
+
+
+def redis_client(
+    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
+) -> Redis:
+    """A client for governance: no hidden retries, explicit timeouts, decoded replies.
+
+    redis-py retries connection errors and timeouts silently by default (ten
+    times in 8.x), which would stretch a fail-closed verdict far past the
+    socket timeout.
+    """
+    client: Redis = Redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        retry_on_error=[],
+        health_check_interval=0,
+        decode_responses=True,
+    )
+    return client
+
+
+class RedisStore:
+    """The store protocol on Redis, shared by every worker process of the fleet.
+
+    `clock` is None to use Redis ``TIME`` (production), or an injected clock
+    whose time is passed to the scripts (tests in virtual time). `lease_s` is
+    the lifetime of a permit that is not renewed: a SIGKILLed holder's permit
+    comes back after at most that long.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str = "polygate",
+        lease_s: float = 30.0,
+        clock: Clock | None = None,
+    ) -> None:
+        if not lease_s > 0:
+            raise ValueError("lease_s must be positive")
+        self._client = client
+        self.keys = KeySpace(prefix)
+        self.lease_s = lease_s
+        self._clock = clock
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(_lua(name)) for name in _SCRIPTS
+        }
+        self._origin = uuid.uuid4().hex[:12]
+        self._releases = ReleaseHub()
+        self._listener: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        socket_timeout_s: float = 2.0,
+        connect_timeout_s: float = 2.0,
+        **kwargs: Any,
+    ) -> RedisStore:
+        client = redis_client(
+            url, socket_timeout_s=socket_timeout_s, connect_timeout_s=connect_timeout_s
+        )
+        return cls(client, **kwargs)
+
+    @property
+    def client(self) -> Redis:
+        return self._client
+
+    async def aclose(self) -> None:
+        """Stop listening for releases and close the connections."""
+        self._closed = True
+        if self._listener is not None:
+            self._listener.cancel()
+            # redis-py may swallow a cancellation while it connects; the loop also
+            # checks `_closed`, and a listener stuck in I/O is not waited for long.
+            await asyncio.wait({self._listener}, timeout=2.0)
+            self._listener = None
+        await self._client.aclose()
+
+    # -- the protocol --------------------------------------------------------------
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        keys: list[str] = []
+        args: list[str | int | float] = [
+            self._now(),
+            request.permit_id,
+            _fmt(self.lease_s),
+            request.est_tokens,
+            len(request.candidates),
+        ]
+        for terms in request.candidates:
+            quota = terms.quota
+            keys += [
+                self.keys.permits(terms.name),
+                self.keys.state(terms.name),
+                self.keys.quota(quota.name if quota else None),
+            ]
+            args += [
+                terms.name,
+                terms.max_concurrency,
+                terms.aimd.initial_limit or 0,
+                (quota.rpm or 0) if quota else 0,
+                (quota.tpm or 0) if quota else 0,
+            ]
+        reply = await self._run("admit", keys, args)
+        try:
+            if int(reply[0]) == 1:
+                return Grant(str(reply[1]), request.permit_id, float(reply[2]), self.lease_s)
+            reasons: list[tuple[str, BlockReason]] = [
+                (str(name), reason) for name, reason in zip(reply[2::2], reply[3::2], strict=True)
+            ]
+            return Denial(float(reply[1]) if reply[1] else None, tuple(reasons))
+        except _REPLY_ERRORS as exc:
+            raise GovernanceBackendError(f"admit: unexpected reply {reply!r}") from exc
+
+    async def settle(self, settlement: Settlement) -> bool:
+        terms = settlement.source
+        quota = terms.quota
+        keys = [
+            self.keys.permits(terms.name),
+            self.keys.state(terms.name),
+            self.keys.quota(quota.name if quota else None),
+            self.keys.progress(settlement.scope),
+        ]
+        pause = settlement.pause_s
+        args: list[str | int | float] = [
+            self._now(),
+            settlement.permit_id,
+            settlement.effect.value,
+            1 if settlement.congested else 0,
+            _fmt(pause) if pause is not None and math.isfinite(pause) else "",
+            settlement.est_tokens,
+            settlement.used_tokens,
+            _fmt(settlement.admitted_at),
+            terms.breaker.failure_threshold,
+            _fmt(terms.breaker.cooldown_s),
+            _fmt(terms.breaker.auth_cooldown_s),
+            terms.max_concurrency,
+            _fmt(terms.aimd.increase),
+            _fmt(terms.aimd.decrease_factor),
+            terms.aimd.initial_limit or 0,
+            (quota.tpm or 0) if quota else 0,
+            _fmt(PROGRESS_TTL_S),
+            self.keys.released,
+            f"{self._origin} {terms.name}",
+        ]
+        released = self._int(await self._run("settle", keys, args), "settle") == 1
+        if released:
+            self._releases.released(terms.name)  # this process's waiters, without a round trip
+        return released
+
+    async def renew(self, source: SourceTerms, permit_id: str, lease_s: float) -> bool:
+        reply = await self._run(
+            "renew", [self.keys.permits(source.name)], [self._now(), permit_id, _fmt(lease_s)]
+        )
+        return self._int(reply, "renew") == 1
+
+    async def progress_age_s(self, scope: str) -> float:
+        reply = await self._run(
+            "progress", [self.keys.progress(scope)], [self._now(), "age", _fmt(PROGRESS_TTL_S)]
+        )
+        try:
+            return math.inf if reply == "" else float(reply)
+        except _REPLY_ERRORS as exc:
+            raise GovernanceBackendError(f"progress: unexpected reply {reply!r}") from exc
+
+    async def mark_progress(self, scope: str) -> None:
+        await self._run(
+            "progress", [self.keys.progress(scope)], [self._now(), "mark", _fmt(PROGRESS_TTL_S)]
+        )
+
+    async def pause_source(self, source: str, seconds: float) -> None:
+        keys = [self.keys.permits(source), self.keys.state(source)]
+        await self._run("source", keys, [self._now(), "pause", _fmt(seconds)])
+
+    def watch_releases(self, sources: Sequence[str]) -> Watch:
+        if not self._closed and (self._listener is None or self._listener.done()):
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
+        return self._releases.watch(sources)
+
+    async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
+        keys = [self.keys.permits(source.name), self.keys.state(source.name)]
+        args: list[str | int | float] = [
+            self._now(),
+            "snapshot",
+            source.max_concurrency,
+            source.aimd.initial_limit or 0,
+        ]
+        reply = await self._run("source", keys, args)
+        try:
+            live, limit, mode, failures, paused_for = reply
+            return SourceSnapshot(
+                name=source.name,
+                permits_in_use=int(live),
+                permit_limit=int(limit),
+                breaker=mode,
+                breaker_failures=int(failures),
+                paused_for_s=float(paused_for),
+            )
+        except _REPLY_ERRORS as exc:
+            raise GovernanceBackendError(f"snapshot: unexpected reply {reply!r}") from exc
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _now(self) -> str:
+        return "" if self._clock is None else _fmt(self._clock.now())
+
+    async def _run(self, name: str, keys: list[str], args: Sequence[str | int | float]) -> Any:
+        hold = (
+            self._clock.waiting_for_io()
+            if isinstance(self._clock, WaitsForIO)
+            else contextlib.nullcontext()
+        )
+        with hold:
+            try:
+                return await self._scripts[name](keys=keys, args=args)
+            except _BACKEND_ERRORS as exc:
+                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _int(reply: Any, name: str) -> int:
+        try:
+            return int(reply)
+        except _REPLY_ERRORS as exc:
+            raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}") from exc
+
+    async def _listen(self) -> None:
+        """Wake this process's waiters when another process releases a permit."""
+        while not self._closed:
+            try:
+                async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(self.keys.released)
+                    while not self._closed:
+                        message = await pubsub.get_message(timeout=1.0)
+                        if message is not None:
+                            self._on_released(str(message.get("data", "")))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Waking early is an optimisation: every waiter still polls.
+                logger.debug("release listener lost its connection; retrying", exc_info=True)
+                await asyncio.sleep(1.0)
+
+    def _on_released(self, data: str) -> None:
+        origin, _, source = data.partition(" ")
+        if origin != self._origin and source:
+            self._releases.released(source)
+
+
+def _lua(name: str) -> str:
+    return resources.files("polygate_celery.store.redis").joinpath(f"lua/{name}.lua").read_text()

@@ -1,0 +1,81 @@
+"""Store layer: per-process release watches, shared by every store.
+
+A released permit wakes the oldest watch of its source in this process, not
+every waiter: with dozens of callers queued on a source, waking all of them for
+one permit would turn each release into a burst of refused admissions. A watch
+that was woken but closed without using the wake-up (its caller got a permit
+anyway) hands it to the next watch, so no wake-up is lost. Watches start when
+they are created, synchronously, so a caller that opens one before asking for a
+permit misses no release that follows the refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Self
+
+
+class ReleaseHub:
+    """The watches of one process, oldest first per source."""
+
+    def __init__(self) -> None:
+        self._watches: dict[str, list[Watch]] = {}
+
+    def watch(self, sources: Iterable[str]) -> Watch:
+        watch = Watch(self, tuple(sources))
+        for name in watch.sources:
+            self._watches.setdefault(name, []).append(watch)
+        return watch
+
+    def released(self, source: str) -> None:
+        """A permit of `source` was released: wake its oldest watch not yet woken."""
+        for watch in self._watches.get(source, ()):
+            if watch.woken_by is None:
+                watch.wake(source)
+                return
+
+    def waiting(self, source: str) -> int:
+        """Watches of `source` not yet woken (for tests and status views)."""
+        return sum(1 for w in self._watches.get(source, ()) if w.woken_by is None)
+
+    def _remove(self, watch: Watch) -> None:
+        for name in watch.sources:
+            watches = self._watches.get(name)
+            if watches is not None and watch in watches:
+                watches.remove(watch)
+                if not watches:
+                    del self._watches[name]
+
+
+class Watch:
+    """One caller's watch; see `Store.watch_releases`."""
+
+    def __init__(self, hub: ReleaseHub, sources: tuple[str, ...]) -> None:
+        self.sources = sources
+        self.woken_by: str | None = None
+        self._hub = hub
+        self._event = asyncio.Event()
+        self._used = False
+
+    def wake(self, source: str) -> None:
+        self.woken_by = source
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._used = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._hub._remove(self)
+        if self.woken_by is not None and not self._used:
+            self._hub.released(self.woken_by)  # hand the unused wake-up on
