@@ -10,6 +10,7 @@ from polygate_celery.config.models import (
     ScopeSettings,
     SourceConfig,
     SourceSettings,
+    StoreConfig,
 )
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "ScopeSettings",
     "SourceConfig",
     "SourceSettings",
+    "StoreConfig",
     "load_config",
     "parse_config",
 ]

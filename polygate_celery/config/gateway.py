@@ -13,6 +13,7 @@ from polygate_celery.config.models import (
     ScopeSettings,
     SourceConfig,
     SourceSettings,
+    StoreConfig,
     _Strict,
     deep_merge,
 )
@@ -22,6 +23,7 @@ from polygate_celery.errors import ConfigError
 class GatewayConfig(_Strict):
     """Sources, shared quotas and scopes. `*_defaults` apply under every entry."""
 
+    store: StoreConfig = StoreConfig()
     source_defaults: SourceSettings = SourceSettings()
     scope_defaults: ScopeSettings = ScopeSettings()
     sources: dict[Name, SourceConfig] = Field(default_factory=dict)

@@ -177,3 +177,21 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
         else:
             merged[key] = value
     return merged
+
+
+class StoreConfig(_Strict):
+    """Where governance state lives: Redis for a fleet, memory for one process."""
+
+    redis_url: SecretStr | None = Field(
+        None, description="Redis URL of the governance store (unset: in-memory, one process)"
+    )
+    key_prefix: str = Field(
+        "polygate", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="prefix (hash tag) of keys"
+    )
+    lease_s: PositiveSeconds = Field(
+        30.0, description="permit lease; a dead worker's permit returns after at most this"
+    )
+    socket_timeout_s: PositiveSeconds = Field(
+        2.0, description="Redis reply timeout: a call fails closed within about this"
+    )
+    connect_timeout_s: PositiveSeconds = Field(2.0, description="Redis connect timeout")

@@ -9,6 +9,7 @@ from polygate_celery.store.base import (
     SourceSnapshot,
     Store,
 )
+from polygate_celery.store.factory import store_from_config
 from polygate_celery.store.memory import MemoryStore
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "Settlement",
     "SourceSnapshot",
     "Store",
+    "store_from_config",
 ]

@@ -327,3 +327,15 @@ def test_retry_after_cap_below_poll_interval_is_rejected() -> None:
         },
     }
     assert field_of(data) == "scopes.x.retry_after_cap_s"
+
+
+def test_store_settings_load_from_the_environment_with_the_url_kept_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("POLYGATE_STORE__REDIS_URL", "redis://:hunter2@redis:6379/0")
+    monkeypatch.setenv("POLYGATE_STORE__LEASE_S", "5")
+    config = load_config()
+    assert config.store.redis_url is not None
+    assert config.store.redis_url.get_secret_value() == "redis://:hunter2@redis:6379/0"
+    assert config.store.lease_s == 5.0
+    assert "hunter2" not in repr(config) + config.model_dump_json()

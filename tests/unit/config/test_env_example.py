@@ -16,6 +16,7 @@ from polygate_celery.config import (
     ScopeSettings,
     SourceConfig,
     SourceSettings,
+    StoreConfig,
 )
 
 ENV_EXAMPLE = Path(__file__).resolve().parents[3] / ".env.example"
@@ -23,6 +24,7 @@ LINE = re.compile(r"^#\s*(POLYGATE_[A-Z0-9_]+)=(\S*)(?:\s+#\s*(.*))?$")
 NESTED: dict[str, type[BaseModel]] = {"breaker": BreakerConfig, "aimd": AimdConfig}
 # Top-level table → (model under it, whether a name segment follows).
 TABLES: dict[str, tuple[type[BaseModel], bool]] = {
+    "store": (StoreConfig, False),
     "source_defaults": (SourceSettings, False),
     "sources": (SourceConfig, True),
     "quotas": (QuotaConfig, True),
@@ -102,6 +104,7 @@ def test_every_documented_variable_has_a_meaning() -> None:
             set(SourceConfig.model_fields) - set(SourceSettings.model_fields),
         ),
         (QuotaConfig, False, set(QuotaConfig.model_fields)),
+        (StoreConfig, False, set(StoreConfig.model_fields)),
         (ScopeSettings, True, set(ScopeSettings.model_fields)),
         (
             ScopeConfig,
@@ -118,10 +121,10 @@ def test_every_field_is_documented(
     assert not missing, f"{model.__name__} fields missing from .env.example: {sorted(missing)}"
 
 
-def test_every_field_of_the_five_models_is_mentioned() -> None:
+def test_every_field_of_every_model_is_mentioned() -> None:
     # A nested table (breaker, aimd) is mentioned through its own keys.
     mentioned = {part for n in VARS for part in n.removeprefix("POLYGATE_").lower().split("__")}
-    for model in (SourceConfig, ScopeConfig, QuotaConfig, BreakerConfig, AimdConfig):
+    for model in (SourceConfig, ScopeConfig, QuotaConfig, BreakerConfig, AimdConfig, StoreConfig):
         missing = set(model.model_fields) - mentioned
         assert not missing, f"{model.__name__}: {sorted(missing)}"
 
