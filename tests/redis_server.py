@@ -102,6 +102,13 @@ class RedisServer:
             self.process.wait(timeout=10)
         self.process = None
 
+    def kill(self) -> None:
+        """Crash the server (SIGKILL); `start()` brings it back on the same port and data."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=10)
+        self.process = None
+
     def pause(self) -> None:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGSTOP)

@@ -1,0 +1,135 @@
+"""A worker process of the test fleet: governed calls through a RedisStore.
+
+Run as ``python -m tests.integration.fleet_worker '<json spec>'``; prints one JSON
+line with what happened. Modes:
+
+* ``witness``: `callers` concurrent callers each make `calls` governed calls whose
+  source holds the witness for 0-`hold_ms` ms;
+* ``counter``: the source does an unguarded read-increment-write of a Redis key
+  (not a governance key): only the permit protects it;
+* ``hold``: one call whose source never answers, so its permit is held (and its
+  lease renewed) until the process dies;
+* ``status``: one call with a scripted outcome (``ok`` or ``429:<retry_after>``),
+  or a `fail_fast` call, for fleet-semantics checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from typing import Any
+
+from polygate_celery import (
+    AllSourcesExhausted,
+    Gateway,
+    GovernanceBackendError,
+    Outcome,
+    parse_config,
+)
+from polygate_celery.store.redis import RedisStore, redis_client
+from tests.integration.witness import WitnessClient
+
+
+class WitnessSource:
+    def __init__(self, port: int, hold_ms: float, rng: random.Random) -> None:
+        self.clients: dict[int, WitnessClient] = {}
+        self.port, self.hold_ms, self.rng = port, hold_ms, rng
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        task_id = id(asyncio.current_task())
+        client = self.clients.setdefault(task_id, WitnessClient(self.port))
+        await client.hold(self.rng.uniform(0, self.hold_ms))
+        return Outcome.success("ok")
+
+
+class CounterSource:
+    def __init__(self, url: str, key: str, rng: random.Random) -> None:
+        self.redis = redis_client(url)
+        self.key, self.rng = key, rng
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        value = int(await self.redis.get(self.key) or 0)
+        await asyncio.sleep(self.rng.uniform(0, 0.002))  # widen the race window
+        await self.redis.set(self.key, value + 1)
+        return Outcome.success(value + 1)
+
+
+class ForeverSource:
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        print(json.dumps({"holding": True}), flush=True)
+        await asyncio.sleep(3600)
+        return Outcome.success("never")
+
+
+class StatusSource:
+    def __init__(self, step: str) -> None:
+        self.step, self.sent = step, 0
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        self.sent += 1
+        if self.step.startswith("429:"):
+            return Outcome.rate_limited(float(self.step[4:]))
+        return Outcome.success("ok")
+
+
+async def main(spec: dict[str, Any]) -> dict[str, Any]:
+    config = parse_config(
+        {
+            "sources": {
+                name: {"max_concurrency": spec["cap"], "timeout_s": spec.get("timeout_s", 30)}
+                for name in spec.get("sources", ["w"])
+            },
+            "scopes": {
+                "s": {
+                    "kind": spec.get("kind", "embedding"),
+                    "sources": spec.get("sources", ["w"]),
+                    "poll_interval_s": spec.get("poll_interval_s", 0.1),
+                    "stall_window_s": spec.get("stall_window_s", 300),
+                    "max_attempts": spec.get("max_attempts", 3),
+                }
+            },
+        }
+    )
+    store = RedisStore.from_url(spec["redis_url"], prefix=spec["prefix"], lease_s=spec["lease_s"])
+    rng = random.Random(spec.get("seed", 0))
+    mode = spec["mode"]
+    source: Any
+    if mode == "witness":
+        source = WitnessSource(spec["witness_port"], spec["hold_ms"], rng)
+    elif mode == "counter":
+        source = CounterSource(spec["redis_url"], spec["counter_key"], rng)
+    elif mode == "hold":
+        source = ForeverSource()
+    else:
+        source = StatusSource(spec.get("step", "ok"))
+    gateway = Gateway(config, dict.fromkeys(spec.get("sources", ["w"]), source), store=store)
+    outcomes: dict[str, int] = {}
+    started = time.monotonic()
+
+    async def caller() -> None:
+        for i in range(spec.get("calls", 1)):
+            if i and spec.get("pace_s"):
+                await asyncio.sleep(spec["pace_s"])
+            try:
+                await gateway.call("s", "x", fail_fast=spec.get("fail_fast", False))
+                verdict = "success"
+            except AllSourcesExhausted as exc:
+                verdict = exc.reason
+                outcomes["retry_after_s"] = round(exc.retry_after_s)
+            except GovernanceBackendError:
+                verdict = "backend_error"
+            outcomes[verdict] = outcomes.get(verdict, 0) + 1
+
+    await asyncio.gather(*(caller() for _ in range(spec.get("callers", 1))))
+    result = {"outcomes": outcomes, "seconds": time.monotonic() - started}
+    if isinstance(source, StatusSource):
+        result["sent"] = source.sent
+    await store.aclose()
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(json.loads(sys.argv[1])))), flush=True)

@@ -1,0 +1,152 @@
+"""Redis unreachable mid-run: calls fail closed, nothing goes out unleased, and it recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from polygate_celery import Gateway, GovernanceBackendError, Outcome, parse_config
+from polygate_celery.store.redis import RedisStore
+from tests.integration.witness import Witness, WitnessClient
+from tests.redis_server import RedisServer
+
+LEASE_S, SOCKET_TIMEOUT_S, CAP = 3.0, 2.0, 2
+
+
+class WitnessSource:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.clients: dict[int, WitnessClient] = {}
+        self.rng = random.Random(1)
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        client = self.clients.setdefault(id(asyncio.current_task()), WitnessClient(self.port))
+        await client.hold(self.rng.uniform(20, 200))
+        return Outcome.success("ok")
+
+
+@dataclass
+class Load:
+    """Callers making governed calls back to back, every call's (start, end, verdict) kept."""
+
+    gateway: Gateway
+    calls: list[tuple[float, float, str]] = field(default_factory=list)
+    running: bool = True
+
+    async def caller(self) -> None:
+        while self.running:
+            started = time.monotonic()
+            try:
+                await self.gateway.call("s", "x")
+                verdict = "success"
+            except GovernanceBackendError:
+                verdict = "backend_error"
+                await asyncio.sleep(0.05)
+            self.calls.append((started, time.monotonic(), verdict))
+
+    def between(self, start: float, end: float) -> list[tuple[float, float, str]]:
+        return [c for c in self.calls if start <= c[0] < end]
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer(persistent=True) as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def witness() -> AsyncIterator[Witness]:
+    witness = await Witness().start()
+    yield witness
+    await witness.stop()
+
+
+async def run_load(
+    server: RedisServer, witness: Witness, disturb: Any, callers: int = 6
+) -> tuple[Load, dict[str, float]]:
+    config = parse_config(
+        {
+            "sources": {"w": {"max_concurrency": CAP, "timeout_s": 30}},
+            "scopes": {"s": {"kind": "embedding", "sources": ["w"], "poll_interval_s": 0.1}},
+        }
+    )
+    store = RedisStore.from_url(server.url, lease_s=LEASE_S, socket_timeout_s=SOCKET_TIMEOUT_S)
+    source = WitnessSource(witness.port)
+    load = Load(Gateway(config, {"w": source}, store=store))
+    tasks = [asyncio.ensure_future(load.caller()) for _ in range(callers)]
+    try:
+        await asyncio.sleep(1.0)
+        marks = await disturb()
+        await asyncio.sleep(4.0)  # time to recover
+    finally:
+        load.running = False
+        await asyncio.gather(*tasks)
+        await store.aclose()
+        for client in source.clients.values():
+            client.close()
+    return load, marks
+
+
+def assert_fails_closed_and_recovers(load: Load, witness: Witness, down: float, up: float) -> None:
+    # Calls that began while Redis was away, early enough not to be answered once it was back.
+    during = load.between(down + 0.05, up - SOCKET_TIMEOUT_S - 0.1)
+    assert during, "no call was made while Redis was unreachable"
+    assert {verdict for _, _, verdict in during} == {"backend_error"}
+    assert max(end - start for start, end, _ in during) <= SOCKET_TIMEOUT_S + 0.5
+    # No request started at the source without a live lease: none while Redis was away,
+    # and the ones in flight when it went were cut before their leases could expire.
+    assert not [t for t in witness.starts if down + 0.05 < t < up]
+    assert all(
+        end <= down + LEASE_S
+        for start, end in zip(witness.starts, witness.ends, strict=False)
+        if start < down < end
+    )
+    assert witness.peak <= CAP
+    after = [verdict for start, _, verdict in load.calls if start >= up + 2.5]
+    assert after, "no call after Redis came back"
+    assert set(after) == {"success"}, "the same process did not recover"
+
+
+async def test_redis_paused_longer_than_the_lease(server: RedisServer, witness: Witness) -> None:
+    async def pause() -> dict[str, float]:
+        down = time.monotonic()
+        server.pause()
+        await asyncio.sleep(LEASE_S + 2)
+        server.resume()
+        return {"down": down, "up": time.monotonic()}
+
+    load, marks = await run_load(server, witness, pause)
+    assert_fails_closed_and_recovers(load, witness, marks["down"], marks["up"])
+
+
+async def test_redis_crashed_and_restarted(server: RedisServer, witness: Witness) -> None:
+    async def crash() -> dict[str, float]:
+        down = time.monotonic()
+        server.kill()
+        await asyncio.sleep(4.0)
+        server.start()  # same port and data directory; appendfsync always
+        return {"down": down, "up": time.monotonic()}
+
+    load, marks = await run_load(server, witness, crash)
+    assert_fails_closed_and_recovers(load, witness, marks["down"], marks["up"])
+
+
+async def test_script_flush_mid_run_fails_no_call(server: RedisServer, witness: Witness) -> None:
+    async def flush() -> dict[str, float]:
+        client = RedisStore.from_url(server.url).client
+        for _ in range(5):
+            await client.script_flush()
+            await asyncio.sleep(0.2)
+        await client.aclose()
+        return {}
+
+    load, _ = await run_load(server, witness, flush)
+    assert len(load.calls) > 50
+    assert {verdict for _, _, verdict in load.calls} == {"success"}
