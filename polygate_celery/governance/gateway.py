@@ -14,6 +14,7 @@ from typing import Any
 from polygate_celery.clock import Clock, SystemClock
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
+from polygate_celery.governance.lease import LeaseRenewer
 from polygate_celery.governance.loop import CallResult, GovernedCall, Runtime
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
@@ -56,6 +57,7 @@ class Gateway:
             random=random or _random.random,
             telemetry=Telemetry(hooks),
             sources=dict(sources),
+            leases=LeaseRenewer(self.store, self.clock),
         )
 
     def plan(self, scope: str) -> ScopePlan:
@@ -77,6 +79,10 @@ class Gateway:
         """
         call = GovernedCall(self._runtime, self.plan(scope), payload, est_tokens, fail_fast)
         return await call.run()
+
+    async def aclose(self) -> None:
+        """Stop renewing leases (call after the last call has ended)."""
+        await self._runtime.leases.aclose()
 
     async def snapshot(self, scope: str) -> list[SourceSnapshot]:
         """The governance state of each source of `scope`."""

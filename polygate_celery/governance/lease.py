@@ -1,17 +1,21 @@
-"""Governance layer: keeping a permit's lease alive while its attempt runs.
+"""Governance layer: keeping permit leases alive while their attempts run.
 
 A permit from the Redis store is a lease: if its holder dies, it comes back
-after `lease_s`. A live holder renews it every third of the lease. A holder
-that can no longer guarantee its lease (its last successful renewal, plus the
-lease, minus a safety margin, has passed on its local clock) cancels its own
-attempt rather than run unfenced past a lease another worker may already have
-been given; the call then fails closed with `GovernanceBackendError`.
+after `lease_s`. One `LeaseRenewer` per gateway renews every lease its running
+attempts hold, in one batched store call every third of the lease, so the cost
+does not grow with the number of attempts and an attempt itself costs nothing
+more than a dictionary entry. An attempt whose lease can no longer be
+guaranteed (its last successful renewal, plus the lease, minus a safety margin
+of a sixth, has passed on the local clock) is cancelled rather than left to run
+unfenced past a lease another worker may already hold; the call then fails
+closed with `GovernanceBackendError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from polygate_celery.clock import Clock
@@ -23,69 +27,118 @@ from polygate_celery.store.base import Grant, Store
 logger = logging.getLogger("polygate_celery")
 
 
-class LeaseKeeper:
-    """Renews `grant`'s lease while the enclosed attempt runs; see the module docstring."""
+@dataclass(eq=False)
+class Lease:
+    """One attempt's lease, registered with the renewer while the attempt runs."""
 
-    def __init__(self, store: Store, clock: Clock, source: SourceTerms, grant: Grant) -> None:
-        assert grant.lease_s is not None
-        self._store = store
-        self._clock = clock
-        self._source = source
-        self._grant = grant
-        self.lease_s = grant.lease_s
-        self.renew_every_s = self.lease_s / 3
-        self.margin_s = self.lease_s / 6
-        # The lease began at admission, before this point: counting from here
-        # minus the margin is conservative.
-        self.valid_until = clock.now() + self.lease_s - self.margin_s
-        self.lost: str | None = None
-        self._owner: asyncio.Task[object] | None = None
-        self._keeper: asyncio.Task[None] | None = None
-        self._cancelling = 0
+    source: SourceTerms
+    permit_id: str
+    lease_s: float
+    valid_until: float
+    owner: asyncio.Task[object]
+    cancelling: int
+    lost: str | None = field(default=None)
+    renewer: LeaseRenewer | None = field(default=None, repr=False)
 
-    async def __aenter__(self) -> LeaseKeeper:
-        self._owner = asyncio.current_task()
-        assert self._owner is not None
-        self._cancelling = self._owner.cancelling()
-        self._keeper = asyncio.ensure_future(self._keep())
+    def __enter__(self) -> Lease:
         return self
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._keeper is not None
-        assert self._owner is not None
-        self._keeper.cancel()
+        assert self.renewer is not None
+        self.renewer.release(self)
         if (
             self.lost is not None
             and exc_type is asyncio.CancelledError
-            and self._owner.uncancel() <= self._cancelling
+            and self.owner.uncancel() <= self.cancelling
         ):
-            raise GovernanceBackendError(f"attempt at {self._source.name!r} stopped: {self.lost}")
+            raise GovernanceBackendError(f"attempt at {self.source.name!r} stopped: {self.lost}")
 
-    async def _keep(self) -> None:
+
+class LeaseRenewer:
+    """Renews the leases of one gateway's running attempts; see the module docstring."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._leases: dict[str, Lease] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def hold(self, source: SourceTerms, grant: Grant) -> Lease:
+        """Keep `grant`'s lease alive while the enclosed attempt runs (a `with` block)."""
+        assert grant.lease_s is not None
+        owner = asyncio.current_task()
+        assert owner is not None
+        lease = Lease(
+            source=source,
+            permit_id=grant.permit_id,
+            lease_s=grant.lease_s,
+            # The lease began at admission, before this point: conservative.
+            valid_until=self._clock.now() + grant.lease_s * 5 / 6,
+            owner=owner,
+            cancelling=owner.cancelling(),
+            renewer=self,
+        )
+        self._leases[grant.permit_id] = lease
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+        self._wake.set()
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        self._leases.pop(lease.permit_id, None)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task})
+
+    async def _run(self) -> None:
         while True:
-            await self._clock.sleep(min(self.renew_every_s, self.valid_until - self._clock.now()))
-            if self._clock.now() >= self.valid_until:
-                return self._lose("its permit lease could not be renewed in time")
-            sent = self._clock.now()
-            renewal = self._store.renew(self._source, self._grant.permit_id, self.lease_s)
-            try:
-                finished, held = await within(self._clock, self.valid_until - sent, renewal)
-            except GovernanceBackendError:
-                logger.warning("renewing a permit lease of %r failed", self._source.name)
-                continue  # try again, until the lease can no longer be guaranteed
-            if not finished:
-                return self._lose("its permit lease could not be renewed in time")
-            if not held:
-                return self._lose("its permit lease was reclaimed")
-            self.valid_until = sent + self.lease_s - self.margin_s
+            if not self._leases:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            every = min(lease.lease_s for lease in self._leases.values()) / 3
+            earliest = min(lease.valid_until for lease in self._leases.values())
+            await self._clock.sleep(min(every, earliest - self._clock.now()))
+            self._cancel_expired()
+            if self._leases:
+                await self._renew()
 
-    def _lose(self, why: str) -> None:
-        self.lost = why
-        logger.error("attempt at %r cancelled: %s", self._source.name, why)
-        assert self._owner is not None
-        self._owner.cancel()
+    async def _renew(self) -> None:
+        leases = list(self._leases.values())
+        sent = self._clock.now()
+        budget = min(lease.valid_until for lease in leases) - sent
+        renewal = self._store.renew([(x.source, x.permit_id, x.lease_s) for x in leases])
+        try:
+            finished, held = await within(self._clock, max(budget, 0.0), renewal)
+        except GovernanceBackendError:
+            logger.warning("renewing %d permit lease(s) failed; retrying", len(leases))
+            return
+        if not finished or held is None:
+            self._cancel_expired()
+            return
+        for lease, still_held in zip(leases, held, strict=True):
+            if still_held:
+                lease.valid_until = sent + lease.lease_s * 5 / 6
+            else:
+                self._lose(lease, "its permit lease was reclaimed")
+
+    def _cancel_expired(self) -> None:
+        now = self._clock.now()
+        for lease in list(self._leases.values()):
+            if now >= lease.valid_until:
+                self._lose(lease, "its permit lease could not be renewed in time")
+
+    def _lose(self, lease: Lease, why: str) -> None:
+        if lease.lost is None:
+            lease.lost = why
+            logger.error("attempt at %r cancelled: %s", lease.source.name, why)
+            lease.owner.cancel()
+        self._leases.pop(lease.permit_id, None)

@@ -37,7 +37,7 @@ import logging
 import math
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,7 +53,7 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     SourceFatalError,
 )
-from polygate_celery.governance.lease import LeaseKeeper
+from polygate_celery.governance.lease import LeaseRenewer
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.governance.timing import within
 from polygate_celery.sources.base import Source
@@ -98,6 +98,7 @@ class Runtime:
     random: Callable[[], float]
     telemetry: Telemetry
     sources: Mapping[str, Source]
+    leases: LeaseRenewer
 
 
 class GovernedCall:
@@ -226,7 +227,7 @@ class GovernedCall:
         timeout_s = min(full_timeout_s, self.deadline - started)
         with self.clock.attempting() as attempt:
             try:
-                async with self._lease(grant):
+                with self._lease(grant):
                     outcome = await self.rt.sources[source].send(self.payload, timeout_s=timeout_s)
             except BaseException:
                 await self._release(grant)
@@ -239,10 +240,10 @@ class GovernedCall:
             await self._settle(grant, outcome, cut_short)
         return outcome
 
-    def _lease(self, grant: Grant) -> AbstractAsyncContextManager[object]:
+    def _lease(self, grant: Grant) -> AbstractContextManager[object]:
         if grant.lease_s is None:
             return contextlib.nullcontext()
-        return LeaseKeeper(self.rt.store, self.rt.clock, self.plan.terms[grant.source], grant)
+        return self.rt.leases.hold(self.plan.terms[grant.source], grant)
 
     def _record(self, source: str, outcome: Outcome, started: float, burned: bool) -> None:
         record = AttemptRecord(

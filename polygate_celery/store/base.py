@@ -128,8 +128,12 @@ class Store(Protocol):
         """Apply `settlement`; False if the permit was no longer held (already reclaimed)."""
         ...
 
-    async def renew(self, source: SourceTerms, permit_id: str, lease_s: float) -> bool:
-        """Extend a held permit's lease by `lease_s`; False if it is no longer held."""
+    async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
+        """Extend each ``(source, permit id, lease_s)`` lease, in one operation.
+
+        Returns, per lease, whether the permit was still held (False: it was
+        reclaimed or settled, and is not renewed).
+        """
         ...
 
     async def progress_age_s(self, scope: str) -> float:

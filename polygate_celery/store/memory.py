@@ -180,9 +180,9 @@ class MemoryStore:
     def watch_releases(self, sources: Sequence[str]) -> Watch:
         return self._releases.watch(sources)
 
-    async def renew(self, source: SourceTerms, permit_id: str, lease_s: float) -> bool:
-        """Permits here carry no lease; one is held until it is settled."""
-        return permit_id in self._source(source).permits
+    async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
+        """Permits here carry no lease (one is held until settled): report which are held."""
+        return [permit_id in self._source(source).permits for source, permit_id, _ in leases]
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         state = self._source(source)

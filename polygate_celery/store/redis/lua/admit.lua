@@ -11,8 +11,8 @@
 -- ARGV[2]  permit id (chosen by the caller: a repeated admit returns its first grant)
 -- ARGV[3]  lease seconds
 -- ARGV[4]  estimated tokens
--- ARGV[5]  n, the number of candidates; then 5 values per candidate, best first:
---          name, cap, initial AIMD limit (0: the cap), rpm (0: none), tpm (0: none)
+-- ARGV[4+i]  the i-th candidate, best first, as one space-separated string:
+--            "name cap initial_aimd_limit(0: the cap) rpm(0: none) tpm(0: none)"
 -- Returns  {1, name, admitted_at}                         a grant
 --          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota
@@ -25,6 +25,12 @@ local function store_now(arg)
 end
 
 local function fmt(x) return string.format('%.17g', x) end
+
+local function fields(s)
+  local out = {}
+  for word in string.gmatch(s, '%S+') do out[#out + 1] = word end
+  return out
+end
 
 local function gcra(tat, now, cost, limit)
   local interval = 60.0 / limit
@@ -40,21 +46,20 @@ local now = store_now(ARGV[1])
 local permit = ARGV[2]
 local lease = tonumber(ARGV[3])
 local est = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
-local W = 5
+local n = #ARGV - 4
 
 for i = 1, n do
   if redis.call('ZSCORE', KEYS[3 * i - 2], permit) then
-    return {1, ARGV[5 + (i - 1) * W + 1], fmt(now)}
+    return {1, fields(ARGV[4 + i])[1], fmt(now)}
   end
 end
 
 local denial = {0, ''}
 local soonest = nil
 for i = 1, n do
-  local a = 5 + (i - 1) * W
-  local name, cap = ARGV[a + 1], tonumber(ARGV[a + 2])
-  local initial, rpm, tpm = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local c = fields(ARGV[4 + i])
+  local name, cap = c[1], tonumber(c[2])
+  local initial, rpm, tpm = tonumber(c[3]), tonumber(c[4]), tonumber(c[5])
   local pkey, skey, qkey = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
 
   redis.call('ZREMRANGEBYSCORE', pkey, '-inf', fmt(now))  -- reclaim leases expired by now

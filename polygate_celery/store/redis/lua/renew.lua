@@ -1,9 +1,9 @@
--- renew.lua: extend the lease of a permit still held.
+-- renew.lua: extend the leases of permits still held, in one call.
 --
--- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
+-- KEYS[i]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry (one key per lease)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
--- ARGV[2]  permit id          ARGV[3]  lease seconds
--- Returns  1 if renewed, 0 if the permit is no longer held (reclaimed or settled).
+-- ARGV[2i], ARGV[2i+1]  permit id and lease seconds of the i-th lease
+-- Returns  one 1/0 per lease: renewed, or no longer held (reclaimed or settled)
 -- Time: Redis TIME unless ARGV[1] is given.
 
 local function store_now(arg)
@@ -12,6 +12,15 @@ local function store_now(arg)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
-if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then return 0 end
-redis.call('ZADD', KEYS[1], 'XX', store_now(ARGV[1]) + tonumber(ARGV[3]), ARGV[2])
-return 1
+local now = store_now(ARGV[1])
+local held = {}
+for i = 1, #KEYS do
+  local permit = ARGV[2 * i]
+  if redis.call('ZSCORE', KEYS[i], permit) then
+    redis.call('ZADD', KEYS[i], 'XX', now + tonumber(ARGV[2 * i + 1]), permit)
+    held[i] = 1
+  else
+    held[i] = 0
+  end
+end
+return held

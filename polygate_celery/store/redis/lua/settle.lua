@@ -12,10 +12,11 @@
 -- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
 -- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
 -- ARGV[6]  estimated tokens   ARGV[7]  used tokens (charged in place of the estimate)
--- ARGV[8]  admitted_at        ARGV[9..11]  breaker: threshold, cooldown_s, auth_cooldown_s
--- ARGV[12..15]  cap, AIMD increase, AIMD decrease factor, AIMD initial (0: the cap)
--- ARGV[16] tpm (0: none)      ARGV[17] progress TTL seconds
--- ARGV[18] release channel    ARGV[19] message published on it ("<origin> <source>")
+-- ARGV[8]  admitted_at
+-- ARGV[9]  the source's terms, space-separated: breaker threshold, cooldown_s,
+--          auth_cooldown_s; cap, AIMD increase, AIMD decrease factor, AIMD initial
+--          (0: the cap); tpm (0: none); progress TTL seconds
+-- ARGV[10] release channel    ARGV[11] message published on it ("<origin> <source>")
 -- Returns  1 if the permit was held and is now released, else 0.
 -- Time: Redis TIME unless ARGV[1] is given.
 
@@ -27,15 +28,21 @@ end
 
 local function fmt(x) return string.format('%.17g', x) end
 
+local function fields(s)
+  local out = {}
+  for word in string.gmatch(s, '%S+') do out[#out + 1] = tonumber(word) end
+  return out
+end
+
 local permit = ARGV[2]
 if redis.call('ZREM', KEYS[1], permit) == 0 then return 0 end
 local now = store_now(ARGV[1])
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted_at = tonumber(ARGV[8])
-local threshold, cooldown, auth_cooldown = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local cap, inc, factor, initial = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
-local tpm = tonumber(ARGV[16])
+local t = fields(ARGV[9])
+local threshold, cooldown, auth_cooldown = t[1], t[2], t[3]
+local cap, inc, factor, initial, tpm, ttl = t[4], t[5], t[6], t[7], t[8], t[9]
 if initial <= 0 then initial = cap end
 
 local skey = KEYS[2]
@@ -84,7 +91,7 @@ if tpm > 0 and est > 0 then
 end
 
 if effect == 'success' then
-  redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(tonumber(ARGV[17])))
+  redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(ttl))
 end
-redis.call('PUBLISH', ARGV[18], ARGV[19])
+redis.call('PUBLISH', ARGV[10], ARGV[11])
 return 1
