@@ -1,0 +1,74 @@
+"""What is particular to the Redis store: its key layout, client discipline and failures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis.crc import key_slot
+
+from polygate_celery import GovernanceBackendError
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store import AdmitRequest
+from polygate_celery.store.redis import KeySpace, RedisStore
+from tests.redis_server import free_port
+
+TERMS = SourceTerms("a", 2, quota=QuotaTerms("shared", rpm=60))
+
+
+def test_every_key_of_a_prefix_sits_in_one_cluster_slot() -> None:
+    keys = KeySpace("polygate")
+    names = [
+        keys.permits("a"),
+        keys.state("a"),
+        keys.quota("q"),
+        keys.quota(None),
+        keys.progress("s"),
+        keys.permits("other"),
+        keys.released,
+    ]
+    assert len({key_slot(name.encode()) for name in names}) == 1
+    assert all(name.startswith("{polygate}:v1:") for name in names)
+
+
+def test_a_prefix_that_would_break_the_hash_tag_is_refused() -> None:
+    with pytest.raises(ValueError, match="invalid key prefix"):
+        KeySpace("a}b")
+
+
+def test_the_client_has_no_hidden_retries_and_explicit_timeouts() -> None:
+    store = RedisStore.from_url("redis://127.0.0.1:1/0", socket_timeout_s=1.5)
+    kwargs = store.client.connection_pool.connection_kwargs
+    assert kwargs["retry"].get_retries() == 0
+    assert kwargs["socket_timeout"] == 1.5
+    assert kwargs["socket_connect_timeout"] == 2.0
+
+
+async def test_an_unreachable_redis_fails_closed_at_once() -> None:
+    store = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    started = time.monotonic()
+    with pytest.raises(GovernanceBackendError) as caught:
+        await store.admit(AdmitRequest("s", (TERMS,), "p"))
+    assert time.monotonic() - started < 1.0
+    assert caught.value.__cause__ is not None
+    await store.aclose()
+
+
+async def test_a_wrong_type_key_is_a_backend_error_with_its_cause(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    store = RedisStore.from_url(redis_url, prefix=fleet_prefix)
+    await store.client.set(store.keys.permits("a"), "not a sorted set")
+    with pytest.raises(GovernanceBackendError, match="WRONGTYPE") as caught:
+        await store.admit(AdmitRequest("s", (TERMS,), "p"))
+    assert caught.value.__cause__ is not None
+    await store.aclose()
+
+
+async def test_keys_expire_or_stay_bounded(redis_url: str, fleet_prefix: str) -> None:
+    """Progress keys carry the 3,600 s TTL; the permits set empties when nothing is held."""
+    store = RedisStore.from_url(redis_url, prefix=fleet_prefix)
+    await store.mark_progress("s")
+    assert 3590 <= await store.client.ttl(store.keys.progress("s")) <= 3600
+    assert await store.client.exists(store.keys.permits("a")) == 0
+    await store.aclose()
