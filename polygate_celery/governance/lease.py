@@ -68,25 +68,37 @@ class LeaseRenewer:
         self._leases: dict[str, Lease] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def hold(self, source: SourceTerms, grant: Grant) -> Lease:
-        """Keep `grant`'s lease alive while the enclosed attempt runs (a `with` block)."""
+    def hold(self, source: SourceTerms, grant: Grant, asked_at: float) -> Lease:
+        """Keep `grant`'s lease alive while the enclosed attempt runs (a `with` block).
+
+        `asked_at` is the local time the admission was requested: the lease
+        cannot have started earlier, so it is counted from there. If the reply
+        came so late that the lease is no longer guaranteed, nothing is sent.
+        """
         assert grant.lease_s is not None
         owner = asyncio.current_task()
         assert owner is not None
+        valid_until = asked_at + grant.lease_s * 5 / 6
+        if self._clock.now() >= valid_until:
+            raise GovernanceBackendError(
+                f"the permit at {source.name!r} arrived too late to trust its lease"
+            )
         lease = Lease(
             source=source,
             permit_id=grant.permit_id,
             lease_s=grant.lease_s,
-            # The lease began at admission, before this point: conservative.
-            valid_until=self._clock.now() + grant.lease_s * 5 / 6,
+            valid_until=valid_until,
             owner=owner,
             cancelling=owner.cancelling(),
             renewer=self,
         )
         self._leases[grant.permit_id] = lease
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._run())
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._loop is not loop:
+            self._loop, self._wake = loop, asyncio.Event()
+            self._task = loop.create_task(self._run())
         self._wake.set()
         return lease
 
@@ -118,13 +130,15 @@ class LeaseRenewer:
         renewal = self._store.renew([(x.source, x.permit_id, x.lease_s) for x in leases])
         try:
             finished, held = await within(self._clock, max(budget, 0.0), renewal)
-        except GovernanceBackendError:
+        except Exception:
             logger.warning("renewing %d permit lease(s) failed; retrying", len(leases))
             return
-        if not finished or held is None:
+        if not finished or held is None or len(held) != len(leases):
             self._cancel_expired()
             return
         for lease, still_held in zip(leases, held, strict=True):
+            if self._leases.get(lease.permit_id) is not lease:
+                continue  # its attempt ended (and settled) while the renewal was in flight
             if still_held:
                 lease.valid_until = sent + lease.lease_s * 5 / 6
             else:

@@ -149,6 +149,7 @@ class GovernedCall:
             order = preference_order(plan.sources, self.excluded, self.last_failure)
             # Watch before asking, so a permit released right after the refusal is not missed.
             with self.rt.store.watch_releases(order) as released:
+                asked_at = self.rt.clock.now()
                 admission = await self.rt.store.admit(
                     AdmitRequest(
                         scope=plan.name,
@@ -160,7 +161,7 @@ class GovernedCall:
                 if isinstance(admission, Denial):
                     await self._on_no_runnable(admission, released)
                     continue
-            outcome = await self._attempt(admission)
+            outcome = await self._attempt(admission, asked_at)
             if outcome.kind is OutcomeKind.SUCCESS:
                 return self._result(admission.source, outcome)
             self._judge_failure(admission.source, outcome)
@@ -219,7 +220,7 @@ class GovernedCall:
 
     # -- attempting --------------------------------------------------------------
 
-    async def _attempt(self, grant: Grant) -> Outcome:
+    async def _attempt(self, grant: Grant, asked_at: float) -> Outcome:
         """Send, record and settle one attempt: the productive span of the stall clock."""
         source = grant.source
         started = self.rt.clock.now()
@@ -227,7 +228,7 @@ class GovernedCall:
         timeout_s = min(full_timeout_s, self.deadline - started)
         with self.clock.attempting() as attempt:
             try:
-                with self._lease(grant):
+                with self._lease(grant, asked_at):
                     outcome = await self.rt.sources[source].send(self.payload, timeout_s=timeout_s)
             except BaseException:
                 await self._release(grant)
@@ -240,10 +241,10 @@ class GovernedCall:
             await self._settle(grant, outcome, cut_short)
         return outcome
 
-    def _lease(self, grant: Grant) -> AbstractContextManager[object]:
+    def _lease(self, grant: Grant, asked_at: float) -> AbstractContextManager[object]:
         if grant.lease_s is None:
             return contextlib.nullcontext()
-        return self.rt.leases.hold(self.plan.terms[grant.source], grant)
+        return self.rt.leases.hold(self.plan.terms[grant.source], grant, asked_at)
 
     def _record(self, source: str, outcome: Outcome, started: float, burned: bool) -> None:
         record = AttemptRecord(
@@ -306,10 +307,11 @@ class GovernedCall:
         )
         release = asyncio.ensure_future(self.rt.store.settle(settlement))
         try:
-            # Shielded: a second cancellation must not interrupt the release itself.
+            # Shielded: a cancellation arriving now must not interrupt the release
+            # itself (it goes on in the background), and it still passes through.
             await asyncio.shield(release)
         except asyncio.CancelledError:
-            pass  # the release goes on in the background
+            raise
         except Exception:
             logger.warning(
                 "scope %r: releasing a permit of %r failed; it returns when its lease expires",

@@ -125,7 +125,12 @@ class Store(Protocol):
     async def admit(self, request: AdmitRequest) -> Grant | Denial: ...
 
     async def settle(self, settlement: Settlement) -> bool:
-        """Apply `settlement`; False if the permit was no longer held (already reclaimed)."""
+        """Release the permit and record the attempt; False if it was no longer held.
+
+        For a permit no longer held (settled already, or reclaimed after its
+        lease expired) only the facts safe to record twice are kept: the pause
+        and the scope's progress.
+        """
         ...
 
     async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:

@@ -139,6 +139,12 @@ class MemoryStore:
         now = self._clock.now()
         terms = settlement.source
         state = self._source(terms)
+        # Facts safe to record twice are kept even for a permit no longer held;
+        # the breaker, AIMD and tokens belong to the permit's own accounting.
+        if settlement.pause_s is not None and settlement.pause_s > 0:
+            state.paused_until = max(state.paused_until, now + settlement.pause_s)
+        if settlement.effect is Effect.SUCCESS:
+            self._progress[settlement.scope] = now
         if settlement.permit_id not in state.permits:
             return False
         state.permits.discard(settlement.permit_id)
@@ -148,11 +154,8 @@ class MemoryStore:
         assert state.aimd is not None
         if settlement.effect is Effect.SUCCESS:
             state.aimd = aimd_on_success(state.aimd, terms.aimd, terms.max_concurrency)
-            self._progress[settlement.scope] = now
         elif settlement.congested:
             state.aimd = aimd_on_congestion(state.aimd, terms.aimd, settlement.admitted_at, now)
-        if settlement.pause_s is not None and settlement.pause_s > 0:
-            state.paused_until = max(state.paused_until, now + settlement.pause_s)
         quota = terms.quota
         if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
             quota_state = self._quotas.setdefault(quota.name, _QuotaState())

@@ -72,3 +72,18 @@ async def test_keys_expire_or_stay_bounded(redis_url: str, fleet_prefix: str) ->
     assert 3590 <= await store.client.ttl(store.keys.progress("s")) <= 3600
     assert await store.client.exists(store.keys.permits("a")) == 0
     await store.aclose()
+
+
+async def test_an_expired_lease_is_not_revived_by_a_renewal(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    from polygate_celery.testing import VirtualClock  # noqa: PLC0415
+
+    clock = VirtualClock()
+    store = RedisStore.from_url(redis_url, prefix=fleet_prefix, lease_s=1.0, clock=clock)
+    grant = await store.admit(AdmitRequest("s", (TERMS,), "p"))
+    clock.advance(2.0)
+    assert await store.renew([(TERMS, "p", 1.0)]) == [False]
+    assert await store.client.zscore(store.keys.permits("a"), "p") is None
+    assert grant is not None
+    await store.aclose()

@@ -28,7 +28,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
 from polygate_celery.core.terms import SourceTerms
@@ -48,7 +48,9 @@ logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
 _SCRIPTS = ("admit", "settle", "renew", "progress", "source")
-_BACKEND_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+# Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
+# for a connection made on another event loop); cancellation passes through.
+_BACKEND_ERRORS = (Exception,)
 _REPLY_ERRORS = (ValueError, TypeError, IndexError, KeyError)
 
 
@@ -287,9 +289,17 @@ class RedisStore:
             try:
                 async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self.keys.released)
+                    quiet_s = 0.0
                     while not self._closed:
                         message = await pubsub.get_message(timeout=1.0)
-                        if message is not None:
+                        if message is None:
+                            quiet_s += 1.0
+                            if quiet_s >= 30:  # a silently dead connection fails the ping
+                                await pubsub.ping()
+                                quiet_s = 0.0
+                            continue
+                        quiet_s = 0.0
+                        if message.get("type") == "message":
                             self._on_released(str(message.get("data", "")))
             except asyncio.CancelledError:
                 raise

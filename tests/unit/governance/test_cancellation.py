@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from polygate_celery import Store
+from polygate_celery import MemoryStore, Outcome, Store
+from polygate_celery.store import Settlement
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, make_config
 
@@ -80,3 +81,29 @@ async def test_cancelled_half_open_probe_frees_the_probe_slot(
     await canceller
 
     assert (await gw.call("s", "next")).value == "after"
+
+
+class SlowSettleStore(MemoryStore):
+    async def settle(self, settlement: Settlement) -> bool:
+        await self.clock.sleep(5)
+        return await super().settle(settlement)
+
+
+class BrokenAdapter:
+    async def send(self, payload: object, *, timeout_s: float) -> Outcome:
+        raise ValueError("an adapter bug")
+
+
+async def test_a_cancellation_during_the_release_still_passes_through(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    store = SlowSettleStore(clock)
+    store.clock = clock
+    gw = gateway(make_config("chat"), {"a": BrokenAdapter()}, store=store)
+    call = asyncio.ensure_future(gw.call("s", "x"))
+    canceller = asyncio.ensure_future(cancel_at(clock, call, 1.0))  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        await call  # not the ValueError: the cancellation wins
+    await canceller
+    await clock.sleep(10)
+    assert (await gw.snapshot("s"))[0].permits_in_use == 0  # the release still completed

@@ -20,13 +20,17 @@ LEASE_S = 30.0
 class LeasingStore(MemoryStore):
     """The in-memory store, handing out leases, with renewals that can be made to fail."""
 
-    def __init__(self, clock: VirtualClock, renew: str = "ok") -> None:
+    def __init__(self, clock: VirtualClock, renew: str = "ok", admit_delay_s: float = 0) -> None:
         super().__init__(clock)
+        self.clock = clock
         self.renew_mode = renew
+        self.admit_delay_s = admit_delay_s
         self.batches: list[int] = []
+        self.gate = asyncio.Event()
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         admission = await super().admit(request)
+        await self.clock.sleep(self.admit_delay_s)
         if isinstance(admission, Grant):
             return Grant(admission.source, admission.permit_id, admission.admitted_at, LEASE_S)
         return admission
@@ -35,6 +39,11 @@ class LeasingStore(MemoryStore):
         self.batches.append(len(leases))
         if self.renew_mode == "raise":
             raise GovernanceBackendError("connection refused")
+        if self.renew_mode == "crash":
+            raise RuntimeError("a bug in a store")
+        if self.renew_mode == "slow-reclaimed":
+            await self.gate.wait()
+            return [False for _ in leases]
         if self.renew_mode == "hang":
             await asyncio.Event().wait()
         if self.renew_mode == "reclaimed":
@@ -64,6 +73,7 @@ async def test_a_long_attempt_keeps_its_lease_by_batched_renewals(
         ("reclaimed", 10.0, "reclaimed"),  # told at the first renewal
         ("raise", 25.0, "could not be renewed in time"),  # lease * 5/6, before it lapses
         ("hang", 25.0, "could not be renewed in time"),
+        ("crash", 25.0, "could not be renewed in time"),  # the renewer survives, fenced
     ],
 )
 async def test_an_attempt_whose_lease_is_not_guaranteed_is_stopped_before_it_lapses(
@@ -98,3 +108,32 @@ async def test_a_cancelled_leased_attempt_is_cancelled_not_a_backend_error(
         await call
     assert (await gw.snapshot("s"))[0].permits_in_use == 0
     await gw.aclose()
+
+
+async def test_a_renewal_answered_after_its_attempt_ended_cancels_nothing(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """The renewal is in flight when the attempt settles; its 'not held' is old news."""
+    store = LeasingStore(clock, renew="slow-reclaimed")
+    source = ScriptedSource(
+        clock, [steps.ok("first", duration_s=10.5), steps.ok("second", duration_s=1)]
+    )
+    gw = gateway(make_config("chat", {"a": {"timeout_s": 600}}), {"a": source}, store=store)
+
+    assert (await gw.call("s", "x")).value == "first"  # ends at 10.5, the t=10 renewal pending
+    store.gate.set()
+    assert (await gw.call("s", "y")).value == "second"  # not cancelled by that renewal
+    await gw.aclose()
+
+
+async def test_a_grant_that_arrives_too_late_sends_nothing(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    store = LeasingStore(clock, admit_delay_s=LEASE_S * 5 / 6)
+    source = ScriptedSource.always(clock, steps.ok())
+    gw = gateway(make_config("chat"), {"a": source}, store=store)
+
+    with pytest.raises(GovernanceBackendError, match="too late"):
+        await gw.call("s", "x")
+    assert source.attempts == 0
+    assert (await gw.snapshot("s"))[0].permits_in_use == 0

@@ -289,3 +289,23 @@ async def test_progress_expires_after_an_hour(h: Harness) -> None:
     assert await h.store.progress_age_s("s") == pytest.approx(3599.0)
     h.clock.advance(2.0)
     assert await h.store.progress_age_s("s") == math.inf
+
+
+async def test_an_initial_limit_above_the_cap_starts_at_the_cap(h: Harness) -> None:
+    capped = SourceTerms("capped", 4, aimd=AimdTerms(initial_limit=100))
+    grant = await h.grant(capped)
+    await h.settle(grant, capped, Effect.NEUTRAL, congested=True)
+    assert (await h.store.snapshot(capped)).permit_limit == 2
+
+
+async def test_a_settlement_of_a_permit_no_longer_held_keeps_pause_and_progress(
+    h: Harness,
+) -> None:
+    A = SourceTerms("a", 2)
+    grant = await h.grant(A)
+    assert await h.settle(grant, A, Effect.NEUTRAL)
+    assert not await h.settle(grant, A, Effect.NEUTRAL, pause_s=30)
+    assert (await h.store.snapshot(A)).paused_for_s == pytest.approx(30)
+    assert not await h.settle(grant, A, Effect.SUCCESS, scope="late")
+    assert await h.store.progress_age_s("late") == 0
+    assert (await h.store.snapshot(A)).breaker_failures == 0

@@ -72,6 +72,7 @@ for i = 1, n do
     redis.call('HDEL', skey, 'probe')
   end
   if initial <= 0 then initial = cap end
+  initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
   local limit = tonumber(st[4] or initial)
   local paused_until = tonumber(st[5] or '-1e300')
 

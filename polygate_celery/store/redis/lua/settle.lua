@@ -1,7 +1,9 @@
 -- settle.lua: end the attempt holding a permit: release it and record what the
 -- attempt says (breaker, AIMD, Retry-After pause, token usage, scope progress).
--- Idempotent: a permit no longer held (settled already, or reclaimed after its lease
--- expired) changes nothing and returns 0.
+-- A permit no longer held (settled already, or reclaimed after its lease expired)
+-- returns 0 and keeps only the facts that are safe to record twice: the pause a
+-- 429 asked for and the progress a success made. The breaker, AIMD and token
+-- accounting belong to the permit and are not touched again.
 --
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
@@ -35,7 +37,7 @@ local function fields(s)
 end
 
 local permit = ARGV[2]
-if redis.call('ZREM', KEYS[1], permit) == 0 then return 0 end
+local held = redis.call('ZREM', KEYS[1], permit) == 1
 local now = store_now(ARGV[1])
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -44,14 +46,24 @@ local t = fields(ARGV[9])
 local threshold, cooldown, auth_cooldown = t[1], t[2], t[3]
 local cap, inc, factor, initial, tpm, ttl = t[4], t[5], t[6], t[7], t[8], t[9]
 if initial <= 0 then initial = cap end
+initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 
 local skey = KEYS[2]
+local pause = tonumber(ARGV[5])
+if pause and pause > 0 then
+  local paused_until = tonumber(redis.call('HGET', skey, 'paused_until') or '-1e300')
+  redis.call('HSET', skey, 'paused_until', fmt(math.max(paused_until, now + pause)))
+end
+if effect == 'success' then
+  redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(ttl))
+end
+if not held then return 0 end
+
 local st = redis.call('HMGET', skey, 'mode', 'failures', 'open_until', 'probe', 'limit',
-  'last_decrease', 'paused_until')
+  'last_decrease')
 local mode, failures = st[1] or 'closed', tonumber(st[2] or '0')
 local open_until, probe = tonumber(st[3] or '0'), st[4]
 local limit, last_decrease = tonumber(st[5] or initial), tonumber(st[6] or '-1e300')
-local paused_until = tonumber(st[7] or '-1e300')
 local is_probe = probe == permit
 
 -- breaker (mirrors polygate_celery.core.breaker.breaker_settle)
@@ -77,11 +89,8 @@ elseif congested and admitted_at > last_decrease then
   limit, last_decrease = math.max(1, limit * factor), now
 end
 
-local pause = tonumber(ARGV[5])
-if pause and pause > 0 then paused_until = math.max(paused_until, now + pause) end
-
 redis.call('HSET', skey, 'mode', mode, 'failures', failures, 'open_until', fmt(open_until),
-  'limit', fmt(limit), 'last_decrease', fmt(last_decrease), 'paused_until', fmt(paused_until))
+  'limit', fmt(limit), 'last_decrease', fmt(last_decrease))
 if probe then redis.call('HSET', skey, 'probe', probe) else redis.call('HDEL', skey, 'probe') end
 
 if tpm > 0 and est > 0 then
@@ -90,8 +99,5 @@ if tpm > 0 and est > 0 then
   redis.call('HSET', KEYS[3], 'tok', fmt(tok + delta * 60.0 / tpm))
 end
 
-if effect == 'success' then
-  redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(ttl))
-end
 redis.call('PUBLISH', ARGV[10], ARGV[11])
 return 1

@@ -28,6 +28,7 @@ if ARGV[2] == 'pause' then
 end
 local cap, initial = tonumber(ARGV[3]), tonumber(ARGV[4])
 if initial <= 0 then initial = cap end
+initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit')
 local limit = tonumber(st[3] or initial)
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. fmt(now), '+inf')
