@@ -8,6 +8,7 @@ time, so the loop's acceptance tests hold on both.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -64,8 +65,12 @@ def recorder() -> Recorder:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A real Redis: 127.0.0.1:6379 when it answers, else a private server for the session."""
-    url = reachable_redis()
+    """A real Redis: 127.0.0.1:6379 when it answers, else a private server for the session.
+
+    ``POLYGATE_TEST_REDIS`` overrides it: a URL, or ``private`` to always start one.
+    """
+    choice = os.environ.get("POLYGATE_TEST_REDIS", "")
+    url = None if choice == "private" else (choice or reachable_redis())
     if url is not None:
         yield url
         return
