@@ -70,6 +70,11 @@ class Telemetry:
     def __init__(self, hooks: Sequence[TelemetryHook] = ()) -> None:
         self._hooks = tuple(hooks)
 
+    @property
+    def active(self) -> bool:
+        """Whether anyone listens: callers skip building events when nobody does."""
+        return bool(self._hooks)
+
     def emit(self, event: Event) -> None:
         for hook in self._hooks:
             try:

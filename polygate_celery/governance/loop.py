@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
+import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -74,6 +76,23 @@ from polygate_celery.telemetry import (
 )
 
 logger = logging.getLogger("polygate_celery")
+
+
+def _new_permit_ids() -> Iterator[str]:
+    """Permit ids unique across the fleet (a random prefix per process), cheap per call."""
+    prefix = uuid.uuid4().hex[:16]
+    return (f"{prefix}-{n}" for n in itertools.count())
+
+
+_permit_ids = _new_permit_ids()
+
+
+def _reseed_permit_ids() -> None:
+    global _permit_ids  # noqa: PLW0603 - a forked worker must not repeat its parent's ids
+    _permit_ids = _new_permit_ids()
+
+
+os.register_at_fork(after_in_child=_reseed_permit_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +173,7 @@ class GovernedCall:
                     AdmitRequest(
                         scope=plan.name,
                         candidates=tuple(plan.terms[s] for s in order),
-                        permit_id=uuid.uuid4().hex,
+                        permit_id=next(_permit_ids),
                         est_tokens=self.est_tokens,
                     )
                 )
@@ -208,15 +227,16 @@ class GovernedCall:
             await within(self.rt.clock, delay, released.wait())
         else:
             await self.rt.clock.sleep(delay)
-        self.rt.telemetry.emit(
-            WaitEvent(
-                scope=self.plan.name,
-                cause=cause,
-                started_s=started - self.clock.entered_at,
-                seconds=self.rt.clock.now() - started,
-                blocked=denial.blocked if denial else (),
+        if self.rt.telemetry.active:
+            self.rt.telemetry.emit(
+                WaitEvent(
+                    scope=self.plan.name,
+                    cause=cause,
+                    started_s=started - self.clock.entered_at,
+                    seconds=self.rt.clock.now() - started,
+                    blocked=denial.blocked if denial else (),
+                )
             )
-        )
 
     # -- attempting --------------------------------------------------------------
 
@@ -257,7 +277,8 @@ class GovernedCall:
             burned_budget=burned,
         )
         self.trail.append(record)
-        self.rt.telemetry.emit(AttemptEvent(self.plan.name, len(self.trail), record))
+        if self.rt.telemetry.active:
+            self.rt.telemetry.emit(AttemptEvent(self.plan.name, len(self.trail), record))
 
     async def _settle(self, grant: Grant, outcome: Outcome, cut_short: bool) -> None:
         kind = outcome.kind
@@ -402,14 +423,15 @@ class GovernedCall:
     def _emit_verdict(
         self, verdict: str, retry_after_s: float | None, source: str | None = None
     ) -> None:
-        self.rt.telemetry.emit(
-            VerdictEvent(
-                scope=self.plan.name,
-                verdict=verdict,
-                attempts=len(self.trail),
-                elapsed_s=self.clock.elapsed_s(),
-                stalled_s=self.clock.stalled_s(),
-                retry_after_s=retry_after_s,
-                source=source,
+        if self.rt.telemetry.active:
+            self.rt.telemetry.emit(
+                VerdictEvent(
+                    scope=self.plan.name,
+                    verdict=verdict,
+                    attempts=len(self.trail),
+                    elapsed_s=self.clock.elapsed_s(),
+                    stalled_s=self.clock.stalled_s(),
+                    retry_after_s=retry_after_s,
+                    source=source,
+                )
             )
-        )
