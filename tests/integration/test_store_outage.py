@@ -99,7 +99,9 @@ def assert_fails_closed_and_recovers(load: Load, witness: Witness, down: float, 
     during = load.between(down + 0.05, up - SOCKET_TIMEOUT_S - 0.1)
     assert during, "no call was made while Redis was unreachable"
     assert {verdict for _, _, verdict in during} == {"backend_error"}
-    assert max(end - start for start, end, _ in during) <= SOCKET_TIMEOUT_S + 0.5
+    slowest = max(end - start for start, end, _ in during)
+    print(f"{len(during)} calls failed closed while Redis was away; slowest {slowest:.2f} s")
+    assert slowest <= SOCKET_TIMEOUT_S + 0.5
     # No request started at the source without a live lease: none while Redis was away,
     # and the ones in flight when it went were cut before their leases could expire.
     assert not [t for t in witness.starts if down + 0.05 < t < up]
