@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from contextlib import AbstractContextManager
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 
 @runtime_checkable
@@ -40,3 +41,28 @@ class WaitsForIO(Protocol):
     """
 
     def waiting_for_io(self) -> AbstractContextManager[None]: ...
+
+
+T = TypeVar("T")
+
+
+async def within(clock: Clock, seconds: float, awaitable: Awaitable[T]) -> tuple[bool, T | None]:
+    """Await `awaitable` for at most `seconds` of `clock` time.
+
+    Returns ``(True, result)`` when it finished first (its exception, if any, is
+    raised), else ``(False, None)`` and it is cancelled. Cancellation of the
+    caller cancels both and passes through.
+    """
+    task = asyncio.ensure_future(awaitable)
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return True, task.result()
+    if timer.done() and not timer.cancelled() and timer.exception() is not None:
+        raise timer.exception()  # type: ignore[misc]
+    return False, None

@@ -24,6 +24,11 @@ class GatewayConfig(_Strict):
     """Sources, shared quotas and scopes. `*_defaults` apply under every entry."""
 
     store: StoreConfig = StoreConfig()
+    include_bodies: bool = Field(
+        False,
+        description="add truncated provider error bodies to attempt reasons (marked as such); "
+        "they may hold prompt text",
+    )
     source_defaults: SourceSettings = SourceSettings()
     scope_defaults: ScopeSettings = ScopeSettings()
     sources: dict[Name, SourceConfig] = Field(default_factory=dict)

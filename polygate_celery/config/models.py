@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -73,6 +73,17 @@ class SourceConfig(SourceSettings):
 
     base_url: str | None = Field(None, description="OpenAI-compatible base URL")
     model: str | None = Field(None, description="model name sent to the endpoint")
+    adapter: Literal["http", "openai-sdk"] = Field(
+        "http", description="http (built in) or openai-sdk (the openai package's client)"
+    )
+    stream: bool | None = Field(
+        None, description="stream chat answers (unset: stream when ttft_timeout_s is set)"
+    )
+    stream_usage: bool = Field(True, description="ask a stream for its token usage")
+    ocr_endpoint: str | None = Field(
+        None, description="path of a JSON OCR endpoint, e.g. /ocr (unset: OCR by vision chat)"
+    )
+    ocr_prompt: str | None = Field(None, description="instruction sent with an image for OCR")
     api_key: SecretStr | None = Field(None, description="the key itself (prefer the two below)")
     api_key_env: str | None = Field(None, description="name of the environment variable holding it")
     api_key_file: Path | None = Field(None, description="file holding it (e.g. a mounted secret)")

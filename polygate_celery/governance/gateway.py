@@ -18,6 +18,7 @@ from polygate_celery.governance.lease import LeaseRenewer
 from polygate_celery.governance.loop import CallResult, GovernedCall, Runtime
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
+from polygate_celery.sources.factory import sources_from_config
 from polygate_celery.store.base import SourceSnapshot, Store
 from polygate_celery.store.memory import MemoryStore
 from polygate_celery.telemetry import Telemetry, TelemetryHook
@@ -26,7 +27,8 @@ from polygate_celery.telemetry import Telemetry, TelemetryHook
 class Gateway:
     """Runs calls to the scopes of `config` through the governance loop.
 
-    `sources` maps each source name to its adapter. `store` defaults to an
+    `sources` maps each source name to its adapter (default: the HTTP adapters
+    the configuration describes). `store` defaults to an
     in-memory store on the same `clock`; `clock` to the system clock; `random`
     (uniform draws in [0, 1) for jitter) to `random.random`. Pass a
     `VirtualClock` and ``random=lambda: 0.0`` to run deterministically in
@@ -36,7 +38,7 @@ class Gateway:
     def __init__(
         self,
         config: GatewayConfig,
-        sources: Mapping[str, Source],
+        sources: Mapping[str, Source] | None = None,
         *,
         store: Store | None = None,
         clock: Clock | None = None,
@@ -46,6 +48,8 @@ class Gateway:
         self.config = config
         self.clock = clock or SystemClock()
         self.store = store if store is not None else MemoryStore(self.clock)
+        if sources is None:
+            sources = sources_from_config(config)
         used = {name for scope in config.scopes.values() for name in scope.sources}
         missing = sorted(used - set(sources))
         if missing:

@@ -18,10 +18,9 @@ import logging
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from polygate_celery.clock import Clock
+from polygate_celery.clock import Clock, within
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import GovernanceBackendError
-from polygate_celery.governance.timing import within
 from polygate_celery.store.base import Grant, Store
 
 logger = logging.getLogger("polygate_celery")

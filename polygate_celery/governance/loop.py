@@ -43,7 +43,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from polygate_celery.clock import Clock
+from polygate_celery.clock import Clock, within
 from polygate_celery.core.backoff import backoff_delay, jitter
 from polygate_celery.core.breaker import Effect, effect_of
 from polygate_celery.core.outcome import AttemptRecord, Outcome, OutcomeKind
@@ -57,7 +57,6 @@ from polygate_celery.errors import (
 )
 from polygate_celery.governance.lease import LeaseRenewer
 from polygate_celery.governance.plan import ScopePlan
-from polygate_celery.governance.timing import within
 from polygate_celery.sources.base import Source
 from polygate_celery.store.base import (
     AdmitRequest,

@@ -1,0 +1,53 @@
+"""Source layer: the adapters a configuration describes."""
+
+from __future__ import annotations
+
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.config.models import SourceConfig
+from polygate_celery.errors import ConfigError
+from polygate_celery.sources.base import Source
+from polygate_celery.sources.http import DEFAULT_OCR_PROMPT, OpenAIHttpSource
+from polygate_celery.sources.sdk import OpenAISDKSource, openai_module
+
+
+def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool = False) -> Source:
+    """The HTTP (or openai SDK) adapter of one configured source."""
+    if not source.base_url:
+        raise ConfigError(f"sources.{name}.base_url", "needed to reach this source")
+    if not source.model:
+        raise ConfigError(f"sources.{name}.model", "needed to call this source")
+    stream = source.stream if source.stream is not None else source.ttft_timeout_s is not None
+    if source.adapter == "openai-sdk":
+        openai = openai_module()
+        key = source.key.get_secret_value() if source.key is not None else "unused"
+        client = openai.AsyncOpenAI(api_key=key, base_url=source.base_url, max_retries=0)
+        return OpenAISDKSource(
+            client,
+            model=source.model,
+            stream=stream,
+            stream_usage=source.stream_usage,
+            ttft_timeout_s=source.ttft_timeout_s,
+            stream_idle_timeout_s=source.stream_idle_timeout_s,
+            ocr_prompt=source.ocr_prompt or DEFAULT_OCR_PROMPT,
+        )
+    return OpenAIHttpSource(
+        base_url=source.base_url,
+        model=source.model,
+        api_key=source.key,
+        stream=stream,
+        stream_usage=source.stream_usage,
+        ttft_timeout_s=source.ttft_timeout_s,
+        stream_idle_timeout_s=source.stream_idle_timeout_s,
+        ocr_endpoint=source.ocr_endpoint,
+        ocr_prompt=source.ocr_prompt or DEFAULT_OCR_PROMPT,
+        include_bodies=include_bodies,
+    )
+
+
+def sources_from_config(config: GatewayConfig) -> dict[str, Source]:
+    """An adapter for every source some scope uses."""
+    used = {name for scope in config.scopes.values() for name in scope.sources}
+    return {
+        name: source_from_config(name, config.sources[name], include_bodies=config.include_bodies)
+        for name in sorted(used)
+    }
