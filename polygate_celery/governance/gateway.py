@@ -19,6 +19,12 @@ from polygate_celery.governance.loop import CallResult, GovernedCall, Runtime
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
 from polygate_celery.sources.factory import sources_from_config
+from polygate_celery.sources.payloads import (
+    ChatRequest,
+    EmbeddingRequest,
+    OcrRequest,
+    estimate_tokens,
+)
 from polygate_celery.store.base import SourceSnapshot, Store
 from polygate_celery.store.memory import MemoryStore
 from polygate_celery.telemetry import Telemetry, TelemetryHook
@@ -83,6 +89,48 @@ class Gateway:
         """
         call = GovernedCall(self._runtime, self.plan(scope), payload, est_tokens, fail_fast)
         return await call.run()
+
+    async def chat(
+        self,
+        scope: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        stream: bool | None = None,
+        fail_fast: bool = False,
+        **params: Any,
+    ) -> CallResult:
+        """A chat completion; `params` (temperature, max_tokens, ...) go to the provider.
+
+        The result's `value` is a `ChatResult` (`text`, `finish_reason`).
+        """
+        request = ChatRequest(list(messages), params, stream)
+        return await self.call(
+            scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
+        )
+
+    async def embed(
+        self, scope: str, inputs: Sequence[str], *, fail_fast: bool = False
+    ) -> CallResult:
+        """Embeddings of `inputs`, one batched request; `value` is an `EmbeddingResult`."""
+        request = EmbeddingRequest(list(inputs))
+        return await self.call(
+            scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
+        )
+
+    async def ocr(
+        self,
+        scope: str,
+        image: bytes,
+        *,
+        mime: str = "image/png",
+        prompt: str | None = None,
+        fail_fast: bool = False,
+    ) -> CallResult:
+        """The text in `image`; `value` is an `OcrResult`."""
+        request = OcrRequest(image, mime, prompt)
+        return await self.call(
+            scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
+        )
 
     async def aclose(self) -> None:
         """Stop renewing leases (call after the last call has ended)."""
