@@ -4,7 +4,7 @@ from polygate_celery.sources.base import Source
 from polygate_celery.sources.callable import CallableSource
 from polygate_celery.sources.classify import classify_error, retry_after_s
 from polygate_celery.sources.factory import source_from_config, sources_from_config
-from polygate_celery.sources.http import OpenAIHttpSource, http_client
+from polygate_celery.sources.http import OpenAIHttpSource, close_http_client, http_client
 from polygate_celery.sources.payloads import (
     ChatRequest,
     ChatResult,
@@ -28,6 +28,7 @@ __all__ = [
     "OpenAISDKSource",
     "Source",
     "classify_error",
+    "close_http_client",
     "estimate_tokens",
     "http_client",
     "retry_after_s",

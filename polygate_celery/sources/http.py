@@ -56,6 +56,13 @@ def http_client() -> httpx.AsyncClient:
     return client
 
 
+async def close_http_client() -> None:
+    """Close the running loop's shared client (before the loop itself ends)."""
+    client = _clients.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+        await client.aclose()
+
+
 os.register_at_fork(after_in_child=_clients.clear)
 
 
