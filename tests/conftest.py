@@ -24,7 +24,6 @@ from polygate_celery.telemetry import Event
 from polygate_celery.testing import VirtualClock
 from tests.redis_server import RedisServer, reachable_redis
 
-
 # A key every simulated source uses; tests/integration/sources checks it never leaks.
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4086"
 
