@@ -36,7 +36,11 @@ class Gateway:
     `sources` maps each source name to its adapter (default: the HTTP adapters
     the configuration describes). `store` defaults to an
     in-memory store on the same `clock`; `clock` to the system clock; `random`
-    (uniform draws in [0, 1) for jitter) to `random.random`. Pass a
+    (uniform draws in [0, 1) for jitter) to `random.random`. With `scope_gate`,
+    a stalled verdict closes the scope for its `retry_after_s`: other calls
+    then end `stalled` at once, bar one probe at a time, until a success or
+    the time passes (what a Celery worker wants: tasks defer at once instead
+    of each waiting out a stall window). Pass a
     `VirtualClock` and ``random=lambda: 0.0`` to run deterministically in
     virtual time.
     """
@@ -50,6 +54,7 @@ class Gateway:
         clock: Clock | None = None,
         random: Callable[[], float] | None = None,
         hooks: Sequence[TelemetryHook] = (),
+        scope_gate: bool = False,
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
@@ -68,6 +73,7 @@ class Gateway:
             telemetry=Telemetry(hooks),
             sources=dict(sources),
             leases=LeaseRenewer(self.store, self.clock),
+            scope_gate=scope_gate,
         )
 
     def plan(self, scope: str) -> ScopePlan:

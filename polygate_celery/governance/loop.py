@@ -117,6 +117,7 @@ class Runtime:
     telemetry: Telemetry
     sources: Mapping[str, Source]
     leases: LeaseRenewer
+    scope_gate: bool = False
 
 
 class GovernedCall:
@@ -138,12 +139,16 @@ class GovernedCall:
         self.last_failure: dict[str, int] = {}
         self.reopen_at: float | None = None
         self.last_error: str | None = None
+        self.call_id = next(_permit_ids)
+        self.gated = False
 
     async def run(self) -> CallResult:
         try:
             result = await self._loop()
         except AllSourcesExhausted as exc:
             self._emit_verdict(exc.reason, exc.retry_after_s)
+            if exc.reason == "stalled" and self.rt.scope_gate and not self.gated:
+                await self._close_gate(exc.retry_after_s)
             raise
         except SourceFatalError as exc:
             self._emit_verdict("fatal", None, exc.source)
@@ -174,9 +179,14 @@ class GovernedCall:
                         candidates=tuple(plan.terms[s] for s in order),
                         permit_id=next(_permit_ids),
                         est_tokens=self.est_tokens,
+                        gate=self.rt.scope_gate,
+                        call_id=self.call_id,
+                        probe_lease_s=plan.max_call_s,
                     )
                 )
                 if isinstance(admission, Denial):
+                    if admission.gated_for_s is not None:
+                        self._refused_by_gate(admission.gated_for_s)
                     await self._on_no_runnable(admission, released)
                     continue
             outcome = await self._attempt(admission, asked_at)
@@ -346,6 +356,18 @@ class GovernedCall:
         self.rt.telemetry.emit(SourceAlertEvent(source, "credentials rejected", pause))
 
     # -- verdicts ----------------------------------------------------------------
+
+    def _refused_by_gate(self, gated_for_s: float) -> None:
+        """The scope was judged stalled and another call is probing it: defer at once."""
+        self.gated = True
+        self.reopen_at = self.rt.clock.now() + gated_for_s
+        raise self._exhausted("stalled")
+
+    async def _close_gate(self, seconds: float) -> None:
+        try:
+            await self.rt.store.close_gate(self.plan.name, seconds)
+        except Exception:
+            logger.warning("scope %r: closing its gate failed", self.plan.name, exc_info=True)
 
     def _sane_hint(self, seconds: float | None) -> float | None:
         """A provider's or store's reopening hint, if usable: finite, positive, capped."""

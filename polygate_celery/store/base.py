@@ -35,6 +35,9 @@ class AdmitRequest:
     candidates: tuple[SourceTerms, ...]
     permit_id: str
     est_tokens: int = 0
+    gate: bool = False
+    call_id: str = ""
+    probe_lease_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +60,13 @@ class Denial:
 
     `reopen_in_s` is the soonest known time until one may be, or None when no
     blocker has a known end (every source is at capacity or probing).
+    `gated_for_s` is set when the scope's gate refused the call: it stays
+    closed that much longer, unless a probe succeeds first.
     """
 
     reopen_in_s: float | None
     blocked: tuple[tuple[str, BlockReason], ...]
+    gated_for_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +153,10 @@ class Store(Protocol):
 
     async def mark_progress(self, scope: str) -> None:
         """Record a success in `scope` now (a success settled elsewhere, e.g. a reused result)."""
+        ...
+
+    async def close_gate(self, scope: str, seconds: float) -> None:
+        """Close the scope's gate for `seconds` (a later close is kept); a success opens it."""
         ...
 
     async def pause_source(self, source: str, seconds: float) -> None:

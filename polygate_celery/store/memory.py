@@ -51,6 +51,13 @@ class _SourceState:
 
 
 @dataclass
+class _Gate:
+    until: float
+    probe: str | None = None
+    probe_until: float = -math.inf
+
+
+@dataclass
 class _QuotaState:
     request_tat: float = -math.inf
     token_tat: float = -math.inf
@@ -64,6 +71,7 @@ class MemoryStore:
         self._sources: dict[str, _SourceState] = {}
         self._quotas: dict[str, _QuotaState] = {}
         self._progress: dict[str, float] = {}
+        self._gates: dict[str, _Gate] = {}
         self._releases = ReleaseHub()
 
     def _source(self, terms: SourceTerms) -> _SourceState:
@@ -93,6 +101,17 @@ class MemoryStore:
                 waits.append(wait)
         return max(waits) if waits else (request_tat, token_tat)
 
+    def _gated(self, request: AdmitRequest, now: float) -> Denial | None:
+        """The gate's refusal of this call, if the scope's gate is closed to it."""
+        gate = self._gates.get(request.scope)
+        if gate is None or gate.until <= now:
+            self._gates.pop(request.scope, None)
+            return None
+        if gate.probe in (None, request.call_id) or gate.probe_until <= now:
+            gate.probe, gate.probe_until = request.call_id, now + request.probe_lease_s
+            return None
+        return Denial(gate.until - now, (), gated_for_s=gate.until - now)
+
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         now = self._clock.now()
         blocked: list[tuple[str, BlockReason]] = []
@@ -100,6 +119,8 @@ class MemoryStore:
         for terms in request.candidates:  # a repeated admit returns its first grant
             if request.permit_id in self._source(terms).permits:
                 return Grant(terms.name, request.permit_id, now)
+        if request.gate and (refusal := self._gated(request, now)) is not None:
+            return refusal
         for terms in request.candidates:
             state = self._source(terms)
             reasons: list[BlockReason] = []
@@ -145,6 +166,7 @@ class MemoryStore:
             state.paused_until = max(state.paused_until, now + settlement.pause_s)
         if settlement.effect is Effect.SUCCESS:
             self._progress[settlement.scope] = now
+            self._gates.pop(settlement.scope, None)  # the scope is alive: open its gate
         if settlement.permit_id not in state.permits:
             return False
         state.permits.discard(settlement.permit_id)
@@ -175,6 +197,12 @@ class MemoryStore:
     async def mark_progress(self, scope: str) -> None:
         """Record a success in `scope` now, as another worker's call would."""
         self._progress[scope] = self._clock.now()
+
+    async def close_gate(self, scope: str, seconds: float) -> None:
+        now = self._clock.now()
+        gate = self._gates.get(scope)
+        until = max(gate.until if gate else -math.inf, now + seconds)
+        self._gates[scope] = _Gate(until)
 
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())

@@ -10,6 +10,7 @@ the old one::
                                             AIMD (limit, last_decrease), paused_until
     {p}:v1:quota:<group>            HASH    GCRA times: req (RPM), tok (TPM)
     {p}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
+    {p}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, probe
     {p}:v1:released                 channel "<origin> <source>" on every release
 
 Permits, pauses, breaker and AIMD state belong to the source (shared by every
@@ -51,6 +52,9 @@ class KeySpace:
 
     def progress(self, scope: str) -> str:
         return f"{self.base}:scope:{scope}:progress"
+
+    def gate(self, scope: str) -> str:
+        return f"{self.base}:scope:{scope}:gate"
 
     @property
     def released(self) -> str:

@@ -47,7 +47,7 @@ from polygate_celery.store.releases import ReleaseHub, Watch
 logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
-_SCRIPTS = ("admit", "settle", "renew", "progress", "source")
+_SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate")
 # Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
 # for a connection made on another event loop); cancellation passes through.
 _BACKEND_ERRORS = (Exception,)
@@ -145,20 +145,26 @@ class RedisStore:
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         keys: list[str] = []
+        gate = f"{_fmt(request.probe_lease_s)} {request.call_id}" if request.gate else ""
         args: list[str | int | float] = [
             self._now(),
             request.permit_id,
             self._lease_arg,
             request.est_tokens,
+            gate,
         ]
         for terms in request.candidates:
             encoded = self._encoded(terms)
             keys += encoded.admit_keys
             args.append(encoded.admit_terms)
+        keys.append(self.keys.gate(request.scope))
         reply = await self._run("admit", keys, args)
         try:
             if int(reply[0]) == 1:
                 return Grant(str(reply[1]), request.permit_id, float(reply[2]), self.lease_s)
+            if int(reply[0]) == 2:
+                gated = float(reply[1])
+                return Denial(gated, (), gated_for_s=gated)
             self._listen_for_releases()  # someone here is about to wait
             reasons: list[tuple[str, BlockReason]] = [
                 (str(name), reason) for name, reason in zip(reply[2::2], reply[3::2], strict=True)
@@ -184,7 +190,11 @@ class RedisStore:
             self.keys.released,
             encoded.release_message,
         ]
-        keys = [*encoded.admit_keys, self.keys.progress(settlement.scope)]
+        keys = [
+            *encoded.admit_keys,
+            self.keys.progress(settlement.scope),
+            self.keys.gate(settlement.scope),
+        ]
         released = self._int(await self._run("settle", keys, args), "settle") == 1
         if released:
             self._releases.released(terms.name)  # this process's waiters, without a round trip
@@ -217,6 +227,9 @@ class RedisStore:
         await self._run(
             "progress", [self.keys.progress(scope)], [self._now(), "mark", _fmt(PROGRESS_TTL_S)]
         )
+
+    async def close_gate(self, scope: str, seconds: float) -> None:
+        await self._run("gate", [self.keys.gate(scope)], [self._now(), _fmt(seconds)])
 
     async def pause_source(self, source: str, seconds: float) -> None:
         keys = [self.keys.permits(source), self.keys.state(source)]

@@ -7,15 +7,19 @@
 --                                                last_decrease paused_until
 --   KEYS[3i]    {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
 --                                                a placeholder key when the source has none
+--   KEYS[3n+1]  {p}:v1:scope:<scope>:gate  HASH  until probe probe_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id (chosen by the caller: a repeated admit returns its first grant)
 -- ARGV[3]  lease seconds
 -- ARGV[4]  estimated tokens
--- ARGV[4+i]  the i-th candidate, best first, as one space-separated string:
+-- ARGV[5]  "" (no gate), or "<probe lease s> <call id>": while the scope's gate is closed
+--          one call at a time may probe; the others are refused at once
+-- ARGV[5+i]  the i-th candidate, best first, as one space-separated string:
 --            "name cap initial_aimd_limit(0: the cap) rpm(0: none) tpm(0: none)"
 -- Returns  {1, name, admitted_at}                         a grant
 --          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota
+--          {2, gated_for_s}                               refused by the scope's gate
 -- Time: Redis TIME unless ARGV[1] is given.
 
 local function store_now(arg)
@@ -46,18 +50,35 @@ local now = store_now(ARGV[1])
 local permit = ARGV[2]
 local lease = tonumber(ARGV[3])
 local est = tonumber(ARGV[4])
-local n = #ARGV - 4
+local n = #ARGV - 5
 
 for i = 1, n do
   if redis.call('ZSCORE', KEYS[3 * i - 2], permit) then
-    return {1, fields(ARGV[4 + i])[1], fmt(now)}
+    return {1, fields(ARGV[5 + i])[1], fmt(now)}
+  end
+end
+
+if ARGV[5] ~= '' then
+  local gkey = KEYS[3 * n + 1]
+  local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until')
+  local closed_until = tonumber(g[1])
+  if closed_until and closed_until <= now then
+    redis.call('DEL', gkey)
+  elseif closed_until then
+    local lease_text, call = string.match(ARGV[5], '^(%S+) (.*)$')
+    local probe_lease = tonumber(lease_text)
+    if not g[2] or g[2] == call or tonumber(g[3] or '-1e300') <= now then
+      redis.call('HSET', gkey, 'probe', call, 'probe_until', fmt(now + probe_lease))
+    else
+      return {2, fmt(closed_until - now)}
+    end
   end
 end
 
 local denial = {0, ''}
 local soonest = nil
 for i = 1, n do
-  local c = fields(ARGV[4 + i])
+  local c = fields(ARGV[5 + i])
   local name, cap = c[1], tonumber(c[2])
   local initial, rpm, tpm = tonumber(c[3]), tonumber(c[4]), tonumber(c[5])
   local pkey, skey, qkey = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]

@@ -10,6 +10,7 @@
 --                                            last_decrease paused_until
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
+-- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
 -- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
@@ -56,6 +57,7 @@ if pause and pause > 0 then
 end
 if effect == 'success' then
   redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(ttl))
+  redis.call('DEL', KEYS[5])
 end
 if not held then return 0 end
 

@@ -1,0 +1,20 @@
+-- gate.lua: close a scope's gate after a stalled verdict (a later close is kept).
+--
+-- KEYS[1]  {p}:v1:scope:<scope>:gate   HASH  until probe probe_until
+-- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
+-- ARGV[2]  seconds to keep it closed
+-- Returns  "0". The key expires on its own once the gate has opened.
+-- Time: Redis TIME unless ARGV[1] is given.
+
+local function store_now(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local now, seconds = store_now(ARGV[1]), tonumber(ARGV[2])
+local closed_until = math.max(tonumber(redis.call('HGET', KEYS[1], 'until') or '-1e300'), now + seconds)
+redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until))
+redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
+redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + 60)
+return '0'

@@ -1,0 +1,66 @@
+"""With the scope gate on, a stalled scope defers new calls at once, bar one probe."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from polygate_celery import AllSourcesExhausted, Store
+from polygate_celery.testing import ScriptedSource, VirtualClock, steps
+from tests.conftest import GatewayFactory, make_config
+
+
+async def verdict_and_time(call: object, clock: VirtualClock) -> tuple[str, float]:
+    started = clock.now()
+    try:
+        await call  # type: ignore[misc]
+    except AllSourcesExhausted as exc:
+        return exc.reason, clock.now() - started
+    return "success", clock.now() - started
+
+
+async def test_after_a_stall_new_calls_defer_at_once_while_one_probes(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
+) -> None:
+    source = ScriptedSource.always(clock, steps.ok("back"))
+    gw = gateway(make_config("chat", stall_window_s=10), {"a": source}, scope_gate=True)
+    await store.pause_source("a", 40)
+
+    first = await verdict_and_time(gw.call("s", "x"), clock)
+    assert first[0] == "stalled"  # at ~10 s; the gate closes for the pause's remaining ~30 s
+
+    probe, other = await asyncio.gather(
+        verdict_and_time(gw.call("s", "probe"), clock),
+        verdict_and_time(gw.call("s", "other"), clock),
+    )
+    assert other == ("stalled", 0.0)  # deferred at once, no stall window spent
+    assert probe[0] == "stalled"  # the probe waited its own window: still paused
+
+    await store.pause_source("a", 0)
+    clock.advance(60)  # past the gate and the pause
+    assert (await gw.call("s", "y")).value == "back"
+
+
+async def test_a_successful_probe_reopens_the_scope(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
+) -> None:
+    source = ScriptedSource.always(clock, steps.ok("back"))
+    gw = gateway(make_config("chat", stall_window_s=10), {"a": source}, scope_gate=True)
+    await store.pause_source("a", 15)
+    with pytest.raises(AllSourcesExhausted):
+        await gw.call("s", "x")  # stalled at ~10 s; gate closed ~5 s
+    await store.close_gate("s", 1_000)  # as if the scope's estimate were far away
+    assert (await gw.call("s", "probe")).value == "back"  # waits out the pause, succeeds
+    assert (await gw.call("s", "next")).value == "back"  # the gate is open again
+
+
+async def test_without_the_gate_calls_wait_their_own_window(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
+) -> None:
+    gw = gateway(make_config("chat", stall_window_s=10), {"a": ScriptedSource(clock, [])})
+    await store.pause_source("a", 100)
+    await store.close_gate("s", 100)
+    reason, took = await verdict_and_time(gw.call("s", "x"), clock)
+    assert reason == "stalled"
+    assert took > 10
