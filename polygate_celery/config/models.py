@@ -123,11 +123,17 @@ class SourceConfig(SourceSettings):
         if len(given) > 1:
             raise ValueError(f"set only one of api_key, api_key_env, api_key_file (got {given})")
         if self.api_key_env:
-            self._key = SecretStr(os.environ[self.api_key_env])
+            raw: str | None = os.environ[self.api_key_env]
         elif self.api_key_file:
-            self._key = SecretStr(self.api_key_file.read_text(encoding="utf-8").strip())
+            raw = self.api_key_file.read_text(encoding="utf-8")
         else:
-            self._key = self.api_key
+            raw = self.api_key.get_secret_value() if self.api_key else None
+        if raw is not None:
+            raw = raw.strip().lstrip("\ufeff").strip()  # a file saved with a BOM, a newline
+            if not raw or not raw.isascii() or not raw.isprintable():
+                # Never echo it: say only what is wrong.
+                raise ValueError("the API key is empty or holds characters a header cannot carry")
+        self._key = SecretStr(raw) if raw is not None else None
         if self.quota is not None and (self.rpm is not None or self.tpm is not None):
             raise ValueError("set either rpm/tpm (a private quota) or quota (a shared one)")
         return self

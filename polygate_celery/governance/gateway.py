@@ -118,7 +118,7 @@ class Gateway:
         self, scope: str, inputs: Sequence[str], *, fail_fast: bool = False
     ) -> CallResult:
         """Embeddings of `inputs`, one batched request; `value` is an `EmbeddingResult`."""
-        request = EmbeddingRequest(list(inputs))
+        request = EmbeddingRequest([inputs] if isinstance(inputs, str) else list(inputs))
         return await self.call(
             scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
         )

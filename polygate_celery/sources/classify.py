@@ -27,10 +27,15 @@ from typing import Any
 from polygate_celery.core.outcome import Outcome
 
 MAX_REASON = 300
+# How providers say "this model cannot take a prompt this long" (OpenAI, vLLM, TGI,
+# llama.cpp, Anthropic-compatible proxies): another source of the scope might.
 _CONTEXT = re.compile(
-    r"context[ _-]?length|maximum context|context window|too many tokens|prompt is too long",
+    r"context[ _-]?(length|window|size|limit)|maximum context|max(imum)?[ _-]?model[ _-]?length"
+    r"|too many tokens|prompt is too long|input is too long|exceeds? (the )?(available )?context"
+    r"|must be <= ?\d+|max_new_tokens|exceed_context",
     re.IGNORECASE,
 )
+_NOT_HERE_CODES = {"model_not_found", "context_length_exceeded", "exceed_context_size_error"}
 _CONTENT_POLICY_CODES = {"content_policy_violation", "content_filter", "content_policy"}
 
 
@@ -40,7 +45,7 @@ def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float
     lowered = {k.lower(): v for k, v in headers.items()}
     if "retry-after-ms" in lowered:
         try:
-            ms = float(lowered["retry-after-ms"])
+            ms = float(lowered["retry-after-ms"].split(",")[0])
         except ValueError:
             ms = math.nan
         if math.isfinite(ms) and ms >= 0:
@@ -49,7 +54,7 @@ def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float
     if value is None:
         return None
     try:
-        seconds = float(value)
+        seconds = float(value.split(",")[0])  # a repeated header arrives joined: "5, 5"
         return seconds if math.isfinite(seconds) and seconds >= 0 else None
     except ValueError:
         pass
@@ -61,9 +66,13 @@ def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
+    """Blank out each secret, and the head and tail a provider may echo of it."""
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+        if not secret:
+            continue
+        text = text.replace(secret, "***")
+        if len(secret) >= 12:
+            text = text.replace(secret[:6], "***").replace(secret[-4:], "***")
     return text
 
 
@@ -71,7 +80,7 @@ def provider_error(body: str) -> tuple[str | None, str | None, str | None]:
     """(code, type, message) of an OpenAI-style error body, as far as it is one."""
     try:
         data: Any = json.loads(body)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return None, None, None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, str):
@@ -112,10 +121,10 @@ def classify_error(
     said = short(message, secrets) if message else None
     if status in (408, 409) or status >= 500 or status < 400:
         return Outcome.transient(said or f"HTTP {status}", status=status)
-    if status == 404:
-        return Outcome.rejected(said or "model not found here", status=status)
-    if code == "context_length_exceeded" or (message and _CONTEXT.search(message)):
-        return Outcome.rejected(said or "context length exceeded", status=status)
     if code in _CONTENT_POLICY_CODES or kind in _CONTENT_POLICY_CODES:
         return Outcome.fatal(said or "content policy", status=status)
+    if status == 404 or code in _NOT_HERE_CODES:
+        return Outcome.rejected(said or "model not found here", status=status)
+    if status == 413 or _CONTEXT.search(message or body[:2000]):
+        return Outcome.rejected(said or "the request is too long for this model", status=status)
     return Outcome.fatal(said or f"HTTP {status}", status=status)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
 from polygate_celery.errors import ConfigError
@@ -20,9 +22,13 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
     if source.adapter == "openai-sdk":
         openai = openai_module()
         key = source.key.get_secret_value() if source.key is not None else "unused"
-        client = openai.AsyncOpenAI(api_key=key, base_url=source.base_url, max_retries=0)
+        base_url = source.base_url
+
+        def client() -> Any:  # one per event loop
+            return openai.AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0)
+
         return OpenAISDKSource(
-            client,
+            client_factory=client,
             model=source.model,
             stream=stream,
             stream_usage=source.stream_usage,

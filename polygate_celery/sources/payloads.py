@@ -40,8 +40,13 @@ class OcrRequest:
 
 @dataclass(frozen=True, slots=True)
 class ChatResult:
+    """The answer: its text, why it ended, and any tool calls, reasoning or refusal."""
+
     text: str
     finish_reason: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: str | None = None
+    refusal: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,30 @@
-"""Source layer: an existing `openai.AsyncOpenAI` client as a source (the `openai` extra).
+"""Source layer: an `openai.AsyncOpenAI` client as a source (the `openai` extra).
 
 The client's own retries are turned off (the loop decides what is retried), and
 its errors are read through the same classification as the HTTP adapter: the
 SDK's status errors carry the HTTP response, so a 429's Retry-After, a context
 length or a content policy answer come out exactly as they do over plain HTTP.
+Streams follow the HTTP adapter's deadlines (see `polygate_celery.sources.http`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
 
 from polygate_celery.core.outcome import Outcome
 from polygate_celery.sources.classify import classify_error
-from polygate_celery.sources.http import DEFAULT_OCR_PROMPT
+from polygate_celery.sources.http import (
+    DEFAULT_OCR_PROMPT,
+    TIE_GRACE_S,
+    USAGE_GRACE_S,
+    _chat_result,
+    embedding_vectors,
+)
 from polygate_celery.sources.payloads import (
     ChatRequest,
     ChatResult,
@@ -22,7 +33,7 @@ from polygate_celery.sources.payloads import (
     OcrRequest,
     OcrResult,
 )
-from polygate_celery.sources.stream import StreamAssembly
+from polygate_celery.sources.stream import StreamAssembly, count
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -32,29 +43,39 @@ def openai_module() -> Any:
     try:
         import openai  # noqa: PLC0415 - an optional extra
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "the openai SDK adapter needs: pip install 'polygate_celery[openai]'"
-        ) from exc
+        hint = "the openai SDK adapter needs: pip install 'polygate_celery[openai]'"
+        raise ImportError(hint) from exc
     return openai
 
 
 class OpenAISDKSource:
-    """Sends through `client` (retries off) to `model`; the same outcomes as over HTTP."""
+    """Sends through an `AsyncOpenAI` client (retries off) to `model`.
+
+    Give either `client` (yours, used as it is) or `client_factory`, called
+    once per event loop (a client's connections belong to the loop that made
+    them).
+    """
 
     def __init__(
         self,
-        client: AsyncOpenAI,
+        client: AsyncOpenAI | None = None,
         *,
         model: str,
+        client_factory: Callable[[], AsyncOpenAI] | None = None,
         stream: bool = False,
         stream_usage: bool = True,
         ttft_timeout_s: float | None = None,
         stream_idle_timeout_s: float = 30.0,
         ocr_prompt: str = DEFAULT_OCR_PROMPT,
     ) -> None:
+        if (client is None) == (client_factory is None):
+            raise ValueError("give either client or client_factory")
         self._openai = openai_module()
-        self._client = client.with_options(max_retries=0)
-        self._secrets = tuple(k for k in [getattr(client, "api_key", None)] if isinstance(k, str))
+        self._given = client.with_options(max_retries=0) if client is not None else None
+        self._factory = client_factory
+        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
+        key = getattr(client, "api_key", None) if client is not None else None
+        self._secret = SecretStr(key) if isinstance(key, str) else None
         self.model = model
         self.stream = stream
         self.stream_usage = stream_usage
@@ -65,11 +86,37 @@ class OpenAISDKSource:
     def __repr__(self) -> str:
         return f"OpenAISDKSource(model={self.model!r})"
 
+    def _client(self) -> Any:
+        if self._given is not None:
+            return self._given
+        assert self._factory is not None
+        loop = asyncio.get_running_loop()
+        found = self._clients.get(id(loop))
+        if found is None or found[0] is not loop:
+            client = self._factory().with_options(max_retries=0)
+            key = getattr(client, "api_key", None)
+            self._secret = SecretStr(key) if isinstance(key, str) else self._secret
+            self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed()}
+            self._clients[id(loop)] = (loop, client)
+            return client
+        return found[1]
+
+    @property
+    def _secrets(self) -> tuple[str, ...]:
+        return (self._secret.get_secret_value(),) if self._secret is not None else ()
+
     async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
         openai = self._openai
-        client = self._client.with_options(timeout=timeout_s)
+        loop = asyncio.get_running_loop()
+        allowed = timeout_s + min(TIE_GRACE_S, 0.05 * timeout_s)  # an answer sent at the deadline
+        deadline = loop.time() + allowed
         try:
-            async with asyncio.timeout(timeout_s):
+            client = self._client().with_options(timeout=allowed)
+            if isinstance(payload, ChatRequest):
+                streamed = self.stream if payload.stream is None else payload.stream
+                if streamed:
+                    return await self._stream_chat(client, payload, deadline)
+            async with asyncio.timeout_at(deadline):
                 return await self._dispatch(client, payload)
         except openai.APIStatusError as exc:
             response = exc.response
@@ -80,20 +127,18 @@ class OpenAISDKSource:
             return Outcome.timeout(f"no complete answer within {timeout_s:g} s")
         except openai.APIConnectionError as exc:
             return Outcome.transient(f"connection failed: {type(exc).__name__}")
-        except (openai.APIError, ValueError, KeyError, IndexError, TypeError, AttributeError):
-            return Outcome.transient("malformed answer", status=200)
+        except Exception as exc:  # a provider's answer must never crash the call
+            return Outcome.transient(f"unreadable answer: {type(exc).__name__}")
 
     async def _dispatch(self, client: Any, payload: Any) -> Outcome:
         if isinstance(payload, ChatRequest):
-            streamed = self.stream if payload.stream is None else payload.stream
-            if streamed:
-                return await self._stream_chat(client, payload)
             return await self._chat(client, payload)
         if isinstance(payload, EmbeddingRequest):
             response = await client.embeddings.create(model=self.model, input=list(payload.inputs))
-            items = sorted(response.data, key=lambda item: item.index)
-            vectors = [[float(x) for x in item.embedding] for item in items]
-            if len(vectors) != len(payload.inputs):
+            try:
+                items = [item.model_dump() for item in response.data]
+                vectors = embedding_vectors(items, len(payload.inputs))
+            except (ValueError, KeyError, TypeError):
                 return Outcome.transient("malformed embeddings", status=200)
             return _success(EmbeddingResult(vectors), response)
         if isinstance(payload, OcrRequest):
@@ -104,7 +149,13 @@ class OpenAISDKSource:
             chat = ChatRequest([{"role": "user", "content": content}], stream=False)
             outcome = await self._chat(client, chat)
             if isinstance(outcome.value, ChatResult):
-                return _success(OcrResult(outcome.value.text), None, outcome)
+                return Outcome.success(
+                    OcrResult(outcome.value.text),
+                    status=200,
+                    model=outcome.model,
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                )
             return outcome
         return Outcome.fatal(f"this source cannot take a {type(payload).__name__}")
 
@@ -113,67 +164,71 @@ class OpenAISDKSource:
             model=self.model, messages=list(request.messages), **request.params
         )
         choice = response.choices[0]
-        text = choice.message.content
-        if not isinstance(text, str):
-            return Outcome.transient("malformed chat completion", status=200)
-        return _success(ChatResult(text, choice.finish_reason), response)
+        result = _chat_result(choice.message.model_dump(), choice.finish_reason)
+        if result is None:
+            if choice.finish_reason == "content_filter":
+                return Outcome.fatal(
+                    "the provider's content filter withheld the answer", status=200
+                )
+            return Outcome.transient("malformed chat completion (no answer in it)", status=200)
+        return _success(result, response)
 
-    async def _stream_chat(self, client: Any, request: ChatRequest) -> Outcome:
+    async def _stream_chat(self, client: Any, request: ChatRequest, deadline: float) -> Outcome:
         extra = {"stream_options": {"include_usage": True}} if self.stream_usage else {}
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        stream = await client.chat.completions.create(
-            model=self.model,
-            messages=list(request.messages),
-            stream=True,
-            **extra,
-            **request.params,
-        )
+        first_by = loop.time() + self.ttft_timeout_s if self.ttft_timeout_s else math.inf
         assembly = StreamAssembly(want_usage=self.stream_usage)
-        chunks = stream.__aiter__()
+        phase = "first token"
         try:
-            while not assembly.done:
-                first = not assembly.first_token and self.ttft_timeout_s is not None
-                wait = (
-                    started + self.ttft_timeout_s - loop.time()
-                    if first and self.ttft_timeout_s is not None
-                    else self.stream_idle_timeout_s
+            async with asyncio.timeout_at(min(deadline, first_by)) as limit:
+                stream = await client.chat.completions.create(
+                    model=self.model,
+                    messages=list(request.messages),
+                    stream=True,
+                    **extra,
+                    **request.params,
                 )
                 try:
-                    chunk = await asyncio.wait_for(anext(chunks), timeout=max(wait, 0.0))
-                    assembly.take(chunk.model_dump())
-                except TimeoutError:
-                    if assembly.whole:
-                        break
-                    what = "no first token within ttft_timeout_s" if first else "stream went idle"
-                    return Outcome.timeout(what)
-                except StopAsyncIteration:
-                    break
-                except Exception:
-                    if assembly.whole:
-                        break
-                    return Outcome.transient("stream cut or malformed before its final chunk")
-        finally:
-            await stream.close()
+                    async for chunk in stream:
+                        assembly.take(chunk.model_dump())
+                        if assembly.done:
+                            break
+                        if assembly.whole:
+                            phase = "usage"
+                            limit.reschedule(min(deadline, loop.time() + USAGE_GRACE_S))
+                        elif assembly.first_token:
+                            phase = "idle"
+                            limit.reschedule(
+                                min(deadline, loop.time() + self.stream_idle_timeout_s)
+                            )
+                finally:
+                    await stream.close()
+        except TimeoutError:
+            if assembly.whole:
+                return assembly.outcome()
+            if phase == "first token" and loop.time() < deadline:
+                return Outcome.timeout("no first token within ttft_timeout_s")
+            if phase == "idle" and loop.time() < deadline:
+                return Outcome.timeout("stream went idle")
+            return Outcome.timeout("no complete answer within the attempt's deadline")
+        except self._openai.APIStatusError:
+            raise
+        except Exception:
+            if assembly.whole:
+                return assembly.outcome()
+            return Outcome.transient("stream cut or malformed before its final chunk")
         if not assembly.whole:
             return Outcome.transient("stream cut before its final chunk")
         return assembly.outcome()
 
 
-def _success(value: Any, response: Any, based_on: Outcome | None = None) -> Outcome:
-    if based_on is not None:
-        return Outcome.success(
-            value,
-            status=200,
-            model=based_on.model,
-            prompt_tokens=based_on.prompt_tokens,
-            completion_tokens=based_on.completion_tokens,
-        )
+def _success(value: Any, response: Any) -> Outcome:
     usage = getattr(response, "usage", None)
+    model = getattr(response, "model", None)
     return Outcome.success(
         value,
         status=200,
-        model=getattr(response, "model", None),
-        prompt_tokens=getattr(usage, "prompt_tokens", None),
-        completion_tokens=getattr(usage, "completion_tokens", None),
+        model=model if isinstance(model, str) else None,
+        prompt_tokens=count(getattr(usage, "prompt_tokens", None)),
+        completion_tokens=count(getattr(usage, "completion_tokens", None)),
     )

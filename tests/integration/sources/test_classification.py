@@ -58,6 +58,13 @@ async def test_429_with_each_retry_after_format(
     )
 
 
+async def test_a_queueing_gateways_429_at_exactly_the_timeout_is_a_429(
+    make_source: SourceFactory,
+) -> None:
+    outcome = await ask(make_source, "queued", timeout_s=1.0)
+    assert (outcome.kind, outcome.retry_after_s) == (OutcomeKind.RATE_LIMITED, 5.0)
+
+
 async def test_429_with_an_http_date(make_source: SourceFactory) -> None:
     outcome = await ask(make_source, "ratelimit-date")
     assert outcome.kind is OutcomeKind.RATE_LIMITED

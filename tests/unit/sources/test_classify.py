@@ -98,3 +98,30 @@ def test_reasons_are_cut_and_redacted() -> None:
     )
     assert secret not in (outcome.reason or "")
     assert len(outcome.reason or "") <= 300
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096",
+        "the request exceeds the available context size, try increasing it",
+        "exceed context limit: 197000 + 8192 > 200000",
+        "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 and 200",
+        "This model's maximum context length is 4096 tokens. However, you requested 5000",
+        "prompt is too long: 210000 tokens > 200000 maximum",
+    ],
+)
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_context_length_as_providers_phrase_it(message: str, wrapped: bool) -> None:
+    body = error(None, message) if wrapped else message
+    assert classify_error(400, {}, body).kind is OutcomeKind.REJECTED
+    assert classify_error(422, {}, body).kind is OutcomeKind.REJECTED
+
+
+def test_a_413_and_a_400_model_not_found_are_rejections() -> None:
+    assert classify_error(413, {}, "").kind is OutcomeKind.REJECTED
+    assert classify_error(400, {}, error("model_not_found", "no")).kind is OutcomeKind.REJECTED
+
+
+def test_a_repeated_retry_after_header_keeps_its_hint() -> None:
+    assert retry_after_s({"Retry-After": "5, 5"}) == 5.0
