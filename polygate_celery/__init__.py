@@ -12,6 +12,7 @@ from polygate_celery.core.outcome import AttemptRecord, Outcome, OutcomeKind
 from polygate_celery.errors import (
     AllSourcesExhausted,
     ConfigError,
+    DeferralBudgetExceeded,
     GatewayUnavailableError,
     GovernanceBackendError,
     PolygateError,
@@ -29,6 +30,7 @@ __all__ = [
     "CallResult",
     "Clock",
     "ConfigError",
+    "DeferralBudgetExceeded",
     "Gateway",
     "GatewayConfig",
     "GatewayUnavailableError",

@@ -10,6 +10,7 @@ The tree::
     │   └── GovernanceBackendError     the governance store is unreachable or answered nonsense
     ├── SourceFatalError               request-level: bad request, content policy, no source
     │                                  left → never retried
+    ├── DeferralBudgetExceeded         a Celery task deferred too often or too long → FAILURE
     └── ConfigError                    invalid configuration, raised at load time with the field
 
 Every exception keeps all of its fields in ``args``, in constructor order, as
@@ -126,6 +127,35 @@ class SourceFatalError(PolygateError):
         where = f" from source {self.source!r}" if self.source else ""
         status = f" (HTTP {self.status})" if self.status is not None else ""
         return f"scope {self.scope!r}: fatal{where}{status}: {self.reason}"
+
+
+class DeferralBudgetExceeded(PolygateError):
+    """A Celery task's scope stayed unavailable past `max_deferrals` or `max_defer_age_s`.
+
+    `reason` is the last verdict that would have deferred it again.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        scope: str | None,
+        deferrals: int,
+        age_s: float,
+        retry_after_s: float | None = None,
+    ) -> None:
+        self.reason = reason
+        self.scope = scope
+        self.deferrals = int(deferrals)
+        self.age_s = float(age_s)
+        self.retry_after_s = retry_after_s
+        super().__init__(reason, scope, self.deferrals, self.age_s, retry_after_s)
+
+    def __str__(self) -> str:
+        where = f"scope {self.scope!r}: " if self.scope else ""
+        return (
+            f"{where}deferral budget spent after {self.deferrals} deferral(s) over "
+            f"{self.age_s:.0f} s; last verdict: {self.reason}"
+        )
 
 
 class ConfigError(PolygateError):

@@ -5,6 +5,7 @@ from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config, parse_c
 from polygate_celery.config.models import (
     AimdConfig,
     BreakerConfig,
+    DeferralConfig,
     QuotaConfig,
     ScopeConfig,
     ScopeSettings,
@@ -17,6 +18,7 @@ __all__ = [
     "CONFIG_PATH_ENV",
     "AimdConfig",
     "BreakerConfig",
+    "DeferralConfig",
     "GatewayConfig",
     "QuotaConfig",
     "ScopeConfig",

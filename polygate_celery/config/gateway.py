@@ -7,6 +7,7 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from polygate_celery.config.models import (
+    DeferralConfig,
     Name,
     QuotaConfig,
     ScopeConfig,
@@ -24,6 +25,7 @@ class GatewayConfig(_Strict):
     """Sources, shared quotas and scopes. `*_defaults` apply under every entry."""
 
     store: StoreConfig = StoreConfig()
+    deferral: DeferralConfig = DeferralConfig()
     include_bodies: bool = Field(
         False,
         description="add truncated provider error bodies to attempt reasons (marked as such); "
@@ -82,6 +84,8 @@ class GatewayConfig(_Strict):
                         f"must be at least the largest ttft_timeout_s of its sources ({worst:g})",
                     )
                 )
+        if self.deferral.max_delay_s < self.deferral.min_delay_s:
+            problems.append(("deferral.max_delay_s", "must be at least min_delay_s"))
         if problems:
             raise ConfigError(problems[0][0], problems[0][1], problems)
         return self

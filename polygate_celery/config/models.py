@@ -212,3 +212,36 @@ class StoreConfig(_Strict):
         2.0, description="Redis reply timeout: a call fails closed within about this"
     )
     connect_timeout_s: PositiveSeconds = Field(2.0, description="Redis connect timeout")
+
+
+class DeferralConfig(_Strict):
+    """How a Celery task whose scope is unavailable is deferred, and for how long at most."""
+
+    strategy: Literal["park", "countdown"] = Field(
+        "park",
+        description="park: a Redis parking lot, released when due (default); "
+        "countdown: a Celery countdown (held by a worker until due)",
+    )
+    growth: float = Field(2.0, ge=1, allow_inf_nan=False, description="delay factor per deferral")
+    min_delay_s: PositiveSeconds = Field(1.0, description="shortest deferral")
+    max_delay_s: PositiveSeconds = Field(3600.0, description="longest deferral")
+    jitter: float = Field(
+        0.25, ge=0, le=1, description="delays are stretched by up to this fraction, at random"
+    )
+    max_deferrals: int = Field(25, ge=0, description="deferrals before FAILURE")
+    max_defer_age_s: PositiveSeconds = Field(
+        86_400.0, description="time since the first deferral before FAILURE"
+    )
+    release_interval_s: PositiveSeconds = Field(
+        0.2, description="how often a worker releases parked tasks that are due"
+    )
+    release_batch: int = Field(200, ge=1, description="parked tasks released per round")
+    claim_lease_s: PositiveSeconds = Field(
+        30.0, description="a release in progress; another worker takes over after this"
+    )
+    reuse_ttl_s: PositiveSeconds = Field(
+        86_400.0, description="how long paid results are kept for a deferred task's next run"
+    )
+    redelivery_cap: int = Field(
+        5, ge=1, description="redeliveries of one message (a worker lost each time) before FAILURE"
+    )

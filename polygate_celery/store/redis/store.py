@@ -104,7 +104,7 @@ class RedisStore:
         self.lease_s = lease_s
         self._clock = clock
         self._io_hold = clock.waiting_for_io if isinstance(clock, WaitsForIO) else None
-        self._scripts = {name: _Script(_lua(name)) for name in _SCRIPTS}
+        self._scripts = {name: LuaScript(_lua(name)) for name in _SCRIPTS}
         self._origin = uuid.uuid4().hex[:12]
         self._lease_arg = _fmt(lease_s)
         self._encodings: dict[SourceTerms, _Encoded] = {}
@@ -327,7 +327,7 @@ class RedisStore:
             self._releases.released(source)
 
 
-class _Script:
+class LuaScript:
     """A Lua script run by SHA; loaded again when the server does not know it.
 
     (redis-py's `AsyncScript` does the same, at about 20 microseconds more per
@@ -392,4 +392,19 @@ class _Encoded:
 
 
 def _lua(name: str) -> str:
-    return resources.files("polygate_celery.store.redis").joinpath(f"lua/{name}.lua").read_text()
+    return lua_text("polygate_celery.store.redis", name)
+
+
+def lua_text(package: str, name: str) -> str:
+    """The text of `lua/<name>.lua` in `package` (package data)."""
+    return resources.files(package).joinpath(f"lua/{name}.lua").read_text()
+
+
+async def run_script(
+    script: LuaScript, client: Redis, keys: Sequence[str], args: Sequence[str | int | float]
+) -> Any:
+    """Run `script`; any failure of Redis is a `GovernanceBackendError`, cause chained."""
+    try:
+        return await script.run(client, keys, args)
+    except _BACKEND_ERRORS as exc:
+        raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,41 @@
+"""Celery edge: governed tasks, deferred redelivery and the worker configuration.
+
+from polygate_celery.celery import configure_worker, governed
+
+configure_worker(app, load_config())
+
+@app.task
+@governed("summarise")
+def summarise(calls, doc_id): ...
+"""
+
+from polygate_celery.celery.deferral import DEFERRALS, DEFERRED, DeferralState, deferral_delay
+from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
+from polygate_celery.celery.parking import ParkingLot, Releaser
+from polygate_celery.celery.runtime import WorkerRuntime, runtime_for
+from polygate_celery.celery.task import PoisonMessage, governed
+from polygate_celery.celery.worker import (
+    check_eviction_policy,
+    configure_worker,
+    start_release_loop,
+    time_limits,
+)
+
+__all__ = [
+    "DEFERRALS",
+    "DEFERRED",
+    "AsyncGovernedCalls",
+    "DeferralState",
+    "GovernedCalls",
+    "ParkingLot",
+    "PoisonMessage",
+    "Releaser",
+    "WorkerRuntime",
+    "check_eviction_policy",
+    "configure_worker",
+    "deferral_delay",
+    "governed",
+    "runtime_for",
+    "start_release_loop",
+    "time_limits",
+]

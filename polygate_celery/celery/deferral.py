@@ -1,0 +1,126 @@
+"""Celery edge: deferring a task whose scope cannot serve now, instead of failing it.
+
+A deferral re-enqueues the same task (id, args, kwargs, headers, links, chain
+and chord) to run after a delay, without touching Celery's retry count: the
+number of deferrals travels in a message header. The delay is the verdict's
+`retry_after_s`, grown per deferral, capped and stretched by a random jitter
+(never made shorter than the estimate). When the budget (`max_deferrals`,
+`max_defer_age_s`) is spent, the task fails with `DeferralBudgetExceeded`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from celery import Task
+from celery.exceptions import Ignore, Reject
+
+from polygate_celery.celery.parking import (
+    ParkingLot,
+    broker_retrying,
+    capture_message,
+    entry_id,
+)
+from polygate_celery.celery.runtime import WorkerRuntime
+from polygate_celery.celery.worker import start_release_loop
+from polygate_celery.config.models import DeferralConfig
+from polygate_celery.errors import (
+    AllSourcesExhausted,
+    DeferralBudgetExceeded,
+    GatewayUnavailableError,
+)
+
+logger = logging.getLogger("polygate_celery")
+DEFERRALS = "polygate_deferrals"
+FIRST_DEFERRED_AT = "polygate_first_deferred_at"
+DEFERRED = "DEFERRED"  # the task state while it waits to run again
+
+
+@dataclass(frozen=True, slots=True)
+class DeferralState:
+    """What a task's message says of its deferrals so far."""
+
+    count: int = 0
+    first_at: float | None = None
+
+    @classmethod
+    def of(cls, task: Task[Any, Any]) -> DeferralState:
+        headers = task.request.headers or {}
+        count = headers.get(DEFERRALS, 0)
+        first = headers.get(FIRST_DEFERRED_AT)
+        return cls(
+            count=count if isinstance(count, int) and count >= 0 else 0,
+            first_at=float(first) if isinstance(first, (int, float)) else None,
+        )
+
+
+def deferral_delay(retry_after_s: float, deferrals: int, config: DeferralConfig, u: float) -> float:
+    """``retry_after_s * growth**deferrals``, within [min, max], stretched by up to `jitter`."""
+    base = retry_after_s * config.growth ** min(deferrals, 64)
+    base = min(config.max_delay_s, max(config.min_delay_s, base))
+    return base * (1 + config.jitter * u)
+
+
+def countdown_cap_s(task: Task[Any, Any]) -> float:
+    """The longest countdown a worker may hold: half the broker's visibility timeout."""
+    options = task.app.conf.broker_transport_options or {}
+    visibility = options.get("visibility_timeout", 3600)
+    return float(visibility) / 2
+
+
+def defer(
+    task: Task[Any, Any], verdict: GatewayUnavailableError, runtime: WorkerRuntime
+) -> NoReturn:
+    """Re-enqueue `task` to run later, and end this run without a result (Celery's Ignore)."""
+    config = runtime.config.deferral
+    state = DeferralState.of(task)
+    now = time.time()
+    first = state.first_at if state.first_at is not None else now
+    count = state.count + 1
+    scope = getattr(verdict, "scope", None)
+    reason = verdict.reason if isinstance(verdict, AllSourcesExhausted) else "backend_error"
+    if count > config.max_deferrals or now - first > config.max_defer_age_s:
+        raise DeferralBudgetExceeded(reason, scope, state.count, now - first) from verdict
+    estimate = verdict.retry_after_s if isinstance(verdict, AllSourcesExhausted) else 1.0
+    delay = deferral_delay(estimate, state.count, config, random.random())
+    headers = {**(task.request.headers or {}), DEFERRALS: count, FIRST_DEFERRED_AT: first}
+    signature = task.signature_from_request(task.request, headers=headers)
+    strategy = config.strategy if runtime.redis is not None else "countdown"
+    if strategy == "park":
+        try:
+            assert runtime.redis is not None
+            lot = ParkingLot(runtime.redis, runtime.keys)
+            runtime.run(lot.park(entry_id(task, count), delay, capture_message(signature)))
+            start_release_loop(task.app)  # this process releases what is due, too
+        except Exception:
+            # The lot lives in the store's Redis; the broker may still be up.
+            logger.warning("parking task %s failed; deferring by countdown", task.request.id)
+            strategy = "countdown"
+    if strategy == "countdown":
+        delay = min(delay, countdown_cap_s(task))
+        try:
+            for attempt in broker_retrying():
+                with attempt:
+                    signature.apply_async(countdown=delay)
+        except Exception as exc:
+            # Neither acknowledged nor lost: back to the broker, which redelivers it.
+            logger.error("deferring task %s failed; handing it back", task.request.id)
+            raise Reject(f"could not defer: {type(exc).__name__}", requeue=True) from exc
+    meta = {
+        "reason": reason,
+        "scope": scope,
+        "retry_after_s": estimate,
+        "deferrals": count,
+        "due_at": now + delay,
+        "strategy": strategy,
+    }
+    try:
+        task.update_state(state=DEFERRED, meta=meta)
+    except Exception:
+        logger.warning("recording task %s as deferred failed", task.request.id, exc_info=True)
+    logger.info("task %s deferred (%s), runs again in %.1f s", task.request.id, reason, delay)
+    raise Ignore()

@@ -1,0 +1,178 @@
+"""Celery edge: the handle a governed task body makes its model calls through.
+
+Calls run on the worker's event loop and block the task's thread (`GovernedCalls`),
+or are awaited in an async task body (`AsyncGovernedCalls`). With `reuse_results`,
+each successful call's result is kept in Redis under the task id and the call's
+position in the body, so a task that is deferred and runs again gets the answers
+it already paid for without asking the provider a second time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from polygate_celery.celery.runtime import WorkerRuntime
+from polygate_celery.errors import GovernanceBackendError
+from polygate_celery.governance.loop import CallResult
+from polygate_celery.sources.payloads import ChatResult, EmbeddingResult, OcrResult
+
+_RESULT_TYPES: dict[str, type[Any]] = {
+    "chat": ChatResult,
+    "embedding": EmbeddingResult,
+    "ocr": OcrResult,
+}
+
+
+def _encode(result: CallResult) -> str:
+    value = result.value
+    kind = next((k for k, t in _RESULT_TYPES.items() if isinstance(value, t)), "json")
+    data = dataclasses.asdict(value) if kind != "json" else value
+    return json.dumps(
+        {
+            "kind": kind,
+            "value": data,
+            "source": result.source,
+            "model": result.model,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+        }
+    )
+
+
+def _decode(text: str) -> CallResult:
+    data = json.loads(text)
+    kind = data["kind"]
+    value = _RESULT_TYPES[kind](**data["value"]) if kind in _RESULT_TYPES else data["value"]
+    return CallResult(
+        value=value,
+        source=data["source"],
+        model=data["model"],
+        prompt_tokens=data["prompt_tokens"],
+        completion_tokens=data["completion_tokens"],
+        attempts=(),
+        elapsed_s=0.0,
+    )
+
+
+class _Calls:
+    def __init__(
+        self,
+        runtime: WorkerRuntime,
+        task_id: str,
+        scope: str | None,
+        *,
+        reuse: bool = False,
+        rerun: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.task_id = task_id
+        self.scope = scope
+        self._reuse = reuse and runtime.redis is not None
+        self._rerun = rerun
+        self._positions = itertools.count()
+        self.reused = 0
+
+    def _scope(self, scope: str | None) -> str:
+        chosen = scope or self.scope
+        if chosen is None:
+            raise ValueError("no scope: give one to @governed(...) or to the call")
+        return chosen
+
+    async def _governed(self, make: Callable[[], Awaitable[CallResult]]) -> CallResult:
+        position = next(self._positions)
+        key = None
+        if self._reuse:
+            assert self.runtime.keys is not None
+            key = f"{self.runtime.keys.base}:paid:{self.task_id}:{position}"
+            if self._rerun:
+                kept = await self._redis("get", key)
+                if kept is not None:
+                    self.reused += 1
+                    return _decode(kept)
+        result = await make()
+        if key is not None:
+            try:
+                ttl = int(self.runtime.config.deferral.reuse_ttl_s)
+                await self._redis("set", key, _encode(result), ex=ttl)
+            except (GovernanceBackendError, TypeError, ValueError):
+                pass  # keeping a paid result is a saving, never a reason to fail
+        return result
+
+    async def _redis(self, command: str, *args: Any, **kwargs: Any) -> Any:
+        assert self.runtime.redis is not None
+        try:
+            return await getattr(self.runtime.redis, command)(*args, **kwargs)
+        except Exception as exc:
+            raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
+
+
+class AsyncGovernedCalls(_Calls):
+    """For ``async def`` task bodies: the same calls, awaited."""
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        scope: str | None = None,
+        stream: bool | None = None,
+        fail_fast: bool = False,
+        **params: Any,
+    ) -> CallResult:
+        gateway, chosen = self.runtime.gateway, self._scope(scope)
+        return await self._governed(
+            lambda: gateway.chat(chosen, messages, stream=stream, fail_fast=fail_fast, **params)
+        )
+
+    async def embed(
+        self, inputs: Sequence[str] | str, *, scope: str | None = None, fail_fast: bool = False
+    ) -> CallResult:
+        gateway, chosen = self.runtime.gateway, self._scope(scope)
+        return await self._governed(lambda: gateway.embed(chosen, inputs, fail_fast=fail_fast))
+
+    async def ocr(
+        self,
+        image: bytes,
+        *,
+        scope: str | None = None,
+        mime: str = "image/png",
+        prompt: str | None = None,
+        fail_fast: bool = False,
+    ) -> CallResult:
+        gateway, chosen = self.runtime.gateway, self._scope(scope)
+        return await self._governed(
+            lambda: gateway.ocr(chosen, image, mime=mime, prompt=prompt, fail_fast=fail_fast)
+        )
+
+    async def call(
+        self, payload: Any, *, scope: str | None = None, est_tokens: int = 0
+    ) -> CallResult:
+        gateway, chosen = self.runtime.gateway, self._scope(scope)
+        return await self._governed(lambda: gateway.call(chosen, payload, est_tokens=est_tokens))
+
+
+class GovernedCalls:
+    """For ordinary task bodies: each call blocks the task until its verdict."""
+
+    def __init__(self, calls: AsyncGovernedCalls) -> None:
+        self._calls = calls
+
+    @property
+    def reused(self) -> int:
+        """Calls answered from results kept before a deferral."""
+        return self._calls.reused
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> CallResult:
+        return self._calls.runtime.run(self._calls.chat(messages, **kwargs))
+
+    def embed(self, inputs: Sequence[str] | str, **kwargs: Any) -> CallResult:
+        return self._calls.runtime.run(self._calls.embed(inputs, **kwargs))
+
+    def ocr(self, image: bytes, **kwargs: Any) -> CallResult:
+        return self._calls.runtime.run(self._calls.ocr(image, **kwargs))
+
+    def call(self, payload: Any, **kwargs: Any) -> CallResult:
+        return self._calls.runtime.run(self._calls.call(payload, **kwargs))

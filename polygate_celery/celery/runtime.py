@@ -1,0 +1,146 @@
+"""Celery edge: one governance runtime per worker process, made on first use after fork.
+
+A runtime owns an event loop running in a daemon thread, and the gateway, the
+store and the HTTP clients that live on that loop. Task bodies (any pool:
+prefork, solo, threads) hand coroutines to it and block for the answer, so
+there is exactly one loop per process and no "attached to a different loop"
+across tasks. A process made by fork starts without its parent's runtime.
+
+When the waiting task is interrupted (a soft time limit, a revoke), the call
+on the loop is cancelled and waited for, so its permits are released before the
+task's exception goes on, and the loop stays usable by the next task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from celery import Celery
+
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.config.loading import load_config
+from polygate_celery.governance.gateway import Gateway
+from polygate_celery.store.factory import store_from_config
+from polygate_celery.store.redis import RedisStore
+
+logger = logging.getLogger("polygate_celery")
+T = TypeVar("T")
+CANCEL_WAIT_S = 10.0
+
+_configs: dict[int, GatewayConfig] = {}
+_runtimes: dict[int, WorkerRuntime] = {}
+_lock = threading.Lock()
+
+
+def register_config(app: Celery, config: GatewayConfig) -> None:
+    """The configuration governed tasks of `app` use (else: `load_config()` on first use)."""
+    _configs[id(app)] = config
+
+
+def runtime_for(app: Celery) -> WorkerRuntime:
+    """This process's runtime for `app`, made on first use (and anew after a fork)."""
+    with _lock:
+        runtime = _runtimes.get(id(app))
+        if runtime is None or runtime.pid != os.getpid():
+            config = _configs.get(id(app))
+            runtime = WorkerRuntime(app, config if config is not None else load_config())
+            _runtimes[id(app)] = runtime
+        return runtime
+
+
+def reset_runtime(app: Celery) -> None:
+    """Close and forget this process's runtime for `app` (a new one is made on next use)."""
+    with _lock:
+        runtime = _runtimes.pop(id(app), None)
+    if runtime is not None and runtime.pid == os.getpid():
+        runtime.close()
+
+
+def _forget_after_fork() -> None:
+    global _lock  # noqa: PLW0603 - a lock held at fork time would never be released here
+    _lock = threading.Lock()
+    _runtimes.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+class WorkerRuntime:
+    """The event loop, gateway and store of one worker process."""
+
+    def __init__(self, app: Celery, config: GatewayConfig) -> None:
+        self.app = app
+        self.config = config
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="polygate-loop", daemon=True
+        )
+        self._thread.start()
+        self.store = store_from_config(config.store)
+        self.gateway = Gateway(config, store=self.store, scope_gate=True)
+        self.redis = self.store.client if isinstance(self.store, RedisStore) else None
+        self._services: list[Any] = []
+
+    @property
+    def keys(self) -> Any:
+        return self.store.keys if isinstance(self.store, RedisStore) else None
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` on the loop and wait for it, from a task's thread.
+
+        If the wait is interrupted (SoftTimeLimitExceeded, a revoke, SystemExit),
+        the coroutine is cancelled and awaited before the interruption goes on.
+        """
+        finished = threading.Event()
+
+        async def guarded() -> T:
+            try:
+                return await coroutine
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(guarded(), self.loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise
+        except BaseException:
+            if not future.done():
+                self.loop.call_soon_threadsafe(future.cancel)
+                if not finished.wait(CANCEL_WAIT_S):
+                    logger.warning("a cancelled governed call did not end in %gs", CANCEL_WAIT_S)
+            raise
+
+    def on_loop(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coroutine` on the loop without waiting (background work)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def add_service(self, service: Any) -> None:
+        """Something to stop with the runtime (a release loop)."""
+        self._services.append(service)
+
+    def close(self) -> None:
+        for service in self._services:
+            service.stop()
+        try:
+            self.run(self._aclose())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+    async def _aclose(self) -> None:
+        from polygate_celery.sources.http import close_http_client  # noqa: PLC0415
+
+        await self.gateway.aclose()
+        await close_http_client()
+        if isinstance(self.store, RedisStore):
+            await self.store.aclose()

@@ -1,0 +1,147 @@
+"""Celery edge: the worker configuration governed tasks need, derived and checked.
+
+`configure_worker(app, config)` sets what at-least-once, never-lost execution
+relies on: late acknowledgement, redelivery of a lost worker's task, a
+prefetch of one, JSON only, a soft shutdown, time limits derived from the
+scopes' `max_call_s`, and a broker visibility timeout longer than the hard time
+limit (a shorter one would redeliver a task that is still running: refused).
+It also starts each worker process's parking-lot release loop and warns when
+Redis could evict governance keys.
+
+Worker loss with Redis as the broker: a task is redelivered only if the
+broker's unacknowledged-message records survive, so run Redis with AOF
+(``appendonly yes``) and a ``noeviction`` memory policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, signals
+
+from polygate_celery.celery.parking import ParkingLot, Releaser
+from polygate_celery.celery.runtime import register_config, runtime_for
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.errors import ConfigError
+
+logger = logging.getLogger("polygate_celery")
+SAFE_EVICTION = {"noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"}
+
+
+def time_limits(config: GatewayConfig, calls_per_task: int, extra_s: float) -> tuple[float, float]:
+    """(soft, hard) task time limits: the worst case of `calls_per_task` governed calls."""
+    worst = max((config.max_call_s(name) for name in config.scopes), default=0.0)
+    soft = calls_per_task * worst + extra_s
+    return soft, soft + max(30.0, 0.1 * soft)
+
+
+def configure_worker(
+    app: Celery,
+    config: GatewayConfig,
+    *,
+    calls_per_task: int = 1,
+    extra_task_s: float = 60.0,
+    visibility_margin_s: float = 300.0,
+) -> dict[str, Any]:
+    """Configure `app` for governed tasks; returns the settings it applied."""
+    if calls_per_task < 1:
+        raise ConfigError("calls_per_task", "must be at least 1")
+    soft, hard = time_limits(config, calls_per_task, extra_task_s)
+    transport = dict(app.conf.broker_transport_options or {})
+    visibility = transport.get("visibility_timeout")
+    if visibility is None:
+        visibility = hard + visibility_margin_s
+    elif float(visibility) <= hard:
+        raise ConfigError(
+            "broker_transport_options.visibility_timeout",
+            f"{visibility} s would redeliver a task still running (hard time limit {hard:g} s)",
+        )
+    transport["visibility_timeout"] = visibility
+    settings: dict[str, Any] = {
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "event_serializer": "json",
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_eta_task_limit": 1000,
+        "worker_soft_shutdown_timeout": min(60.0, soft),
+        "task_soft_time_limit": soft,
+        "task_time_limit": hard,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": {
+            **dict(app.conf.result_backend_transport_options or {}),
+            "visibility_timeout": visibility,
+        },
+    }
+    app.conf.update(settings)
+    register_config(app, config)
+    _connect_signals(app)
+    return settings
+
+
+def start_release_loop(app: Celery) -> Releaser | None:
+    """Start this process's parking-lot release loop (once); None without Redis."""
+    runtime = runtime_for(app)
+    if runtime.redis is None or runtime.keys is None:
+        return None
+    if getattr(runtime, "releaser", None) is None:
+        releaser = Releaser(app, ParkingLot(runtime.redis, runtime.keys), runtime.config.deferral)
+        releaser.start(runtime.loop)
+        runtime.releaser = releaser  # type: ignore[attr-defined]
+        runtime.add_service(releaser)
+    return runtime.releaser  # type: ignore[attr-defined,no-any-return]
+
+
+def check_eviction_policy(app: Celery) -> str | None:
+    """Warn (and return the policy) when Redis could evict governance keys."""
+    runtime = runtime_for(app)
+    if runtime.redis is None:
+        return None
+
+    async def policy() -> str | None:
+        assert runtime.redis is not None
+        try:
+            found = await runtime.redis.config_get("maxmemory-policy")
+        except Exception:
+            return None  # CONFIG may be refused (managed Redis, ACLs): nothing to check
+        value = found.get("maxmemory-policy")
+        return str(value) if value is not None else None
+
+    found = runtime.run(policy())
+    if found is not None and found not in SAFE_EVICTION:
+        logger.warning(
+            "Redis maxmemory-policy is %r: it may evict governance keys (permits, breakers, "
+            "parked tasks); use noeviction or a volatile-* policy",
+            found,
+        )
+    return found
+
+
+_connected: set[int] = set()
+
+
+def _connect_signals(app: Celery) -> None:
+    if id(app) in _connected:
+        return
+    _connected.add(id(app))
+
+    def on_process_init(**_: Any) -> None:  # prefork children
+        start_release_loop(app)
+
+    def on_ready(sender: Any = None, **_: Any) -> None:  # the worker (solo and threads pools)
+        if getattr(sender, "app", app) is not app:
+            return
+        check_eviction_policy(app)
+        start_release_loop(app)
+
+    def on_process_shutdown(**_: Any) -> None:
+        runtime_for(app).close()
+
+    signals.worker_process_init.connect(on_process_init, weak=False)
+    signals.worker_ready.connect(on_ready, weak=False)
+    signals.worker_process_shutdown.connect(on_process_shutdown, weak=False)

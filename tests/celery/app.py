@@ -1,0 +1,86 @@
+"""The Celery app of the integration tests: governed tasks against the simulated provider.
+
+Workers in other processes import it too: they read their configuration from
+``POLYGATE_CONFIG`` and their broker from ``POLYGATE_TEST_BROKER``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery, shared_task
+
+from polygate_celery import SourceFatalError, load_config
+from polygate_celery.celery import AsyncGovernedCalls, GovernedCalls, configure_worker, governed
+from polygate_celery.store.redis import redis_client
+
+app = Celery("polygate_tests")
+app.conf.broker_url = os.environ.get("POLYGATE_TEST_BROKER", "redis://127.0.0.1:6379/9")
+app.conf.result_backend = app.conf.broker_url
+app.conf.task_default_queue = os.environ.get("POLYGATE_TEST_QUEUE", "polygate-tests")
+app.conf.broker_connection_retry_on_startup = True
+if os.environ.get("POLYGATE_CONFIG"):
+    configure_worker(app, load_config())
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def note_run(task_id: str) -> None:
+    """Count this task's runs, where a test can read them (executions = deferrals + 1)."""
+    client = redis_client(app.conf.broker_url)
+    import asyncio  # noqa: PLC0415
+
+    async def note() -> None:
+        await client.rpush(f"runs:{task_id}", "1")
+        await client.aclose()
+
+    asyncio.run(note())
+
+
+@app.task(bind=True)
+@governed("chat")
+def ask(self: Any, calls: GovernedCalls, text: str = "hello", fail_fast: bool = False) -> str:
+    note_run(self.request.id)
+    return calls.chat([{"role": "user", "content": text}], fail_fast=fail_fast).value.text
+
+
+@app.task
+@governed("chat", reuse_results=True)
+def ask_twice(calls: GovernedCalls, first: str, second: str) -> list[str]:
+    """Two paid calls; if the second defers the task, the first is not paid again."""
+    one = calls.chat([{"role": "user", "content": first}]).value.text
+    two = calls.chat([{"role": "user", "content": second}], scope="second").value.text
+    return [one, two, f"reused={calls.reused}"]
+
+
+@shared_task(bind=True)
+@governed("chat")
+async def ask_async(self: Any, calls: AsyncGovernedCalls, text: str) -> str:
+    result = await calls.chat([{"role": "user", "content": text}])
+    return result.value.text
+
+
+@app.task
+@governed("chat")
+def fatal(calls: GovernedCalls) -> None:
+    raise SourceFatalError("the request is malformed", "chat")
+
+
+@app.task
+def after(value: Any, tag: str = "after") -> str:
+    """A link or chain step: records that it fired."""
+    client = redis_client(app.conf.broker_url)
+    import asyncio  # noqa: PLC0415
+
+    async def note() -> None:
+        await client.rpush(f"fired:{tag}", str(value))
+        await client.aclose()
+
+    asyncio.run(note())
+    return f"{tag}:{value}"
+
+
+@app.task
+def collect(values: list[Any]) -> list[Any]:
+    return sorted(str(v) for v in values)

@@ -1,0 +1,103 @@
+"""Celery tests: a real Redis broker, in-process workers (celery.contrib.testing), the
+simulated provider. Each test gets its own queue, key prefix and configuration."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from celery.contrib.testing.worker import start_worker
+
+from polygate_celery import GatewayConfig, parse_config
+from polygate_celery.celery import configure_worker, runtime_for
+from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
+from tests.celery.app import app
+
+MODELS = {
+    "up": ModelBehaviour(reply="fine"),
+    "second": ModelBehaviour(reply="second answer"),
+    "broken": ModelBehaviour(error_rates={500: 1.0}),
+}
+
+
+@pytest.fixture(scope="session")
+def provider() -> Iterator[SimulatedProvider]:
+    with SimulatedProvider(MODELS) as provider:
+        yield provider
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[str]:
+    """The broker and result backend: the test Redis, database 9, emptied afterwards."""
+    url = redis_url.rsplit("/", 1)[0] + "/9"
+    yield url
+    sync_redis.Redis.from_url(url).flushdb()
+
+
+def make_config(
+    provider: SimulatedProvider, redis_url: str, prefix: str, **overrides: Any
+) -> GatewayConfig:
+    scope = {
+        "max_attempts": 2,
+        "stall_window_s": 1.0,
+        "poll_interval_s": 0.1,
+        "backoff_base_s": 0.05,
+        "backoff_max_s": 0.2,
+        **overrides.pop("scope", {}),
+    }
+    data: dict[str, Any] = {
+        "store": {"redis_url": redis_url, "key_prefix": prefix, "lease_s": 10},
+        "deferral": {
+            "min_delay_s": 0.2,
+            "max_delay_s": 2,
+            "release_interval_s": 0.05,
+            **overrides.pop("deferral", {}),
+        },
+        "sources": {
+            "main": {
+                "base_url": provider.url,
+                "model": overrides.pop("model", "up"),
+                "timeout_s": 2,
+            },
+            "other": {"base_url": provider.url, "model": "second", "timeout_s": 2},
+        },
+        "scopes": {
+            "chat": {"kind": "chat", "sources": ["main"], **scope},
+            "second": {"kind": "chat", "sources": ["other"], **scope},
+        },
+    }
+    data.update(overrides)
+    return parse_config(data)
+
+
+Worker = Callable[..., Any]
+
+
+@pytest.fixture
+def governed_worker(provider: SimulatedProvider, redis_url: str, broker: str) -> Iterator[Worker]:
+    """Start an in-process worker for the test app with a configuration of the test's own."""
+    prefix = f"celery-{uuid.uuid4().hex[:10]}"
+    queue = "polygate-tests"  # the app caches its queues; the broker's database is emptied
+
+    @contextmanager
+    def start(pool: str = "threads", concurrency: int = 4, **overrides: Any) -> Iterator[Any]:
+        config = make_config(provider, redis_url, prefix, **overrides)
+        app.conf.update(broker_url=broker, result_backend=broker, task_default_queue=queue)
+        app.conf.broker_transport_options = {}
+        configure_worker(app, config, extra_task_s=20)
+        reset_runtime(app)
+        with start_worker(
+            app, pool=pool, concurrency=concurrency, perform_ping_check=False, shutdown_timeout=30
+        ):
+            yield runtime_for(app)
+        reset_runtime(app)
+
+    yield start
+    client = sync_redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{{{prefix}}}*"):
+        client.delete(key)
