@@ -27,12 +27,13 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 def note_run(task_id: str) -> None:
-    """Count this task's runs, where a test can read them (executions = deferrals + 1)."""
+    """Count this task's runs, where a test can read them (executions = deferrals + 1),
+    and say which process runs it now (for the kill tests)."""
     client = redis_client(app.conf.broker_url)
     import asyncio  # noqa: PLC0415
 
     async def note() -> None:
-        await client.rpush(f"runs:{task_id}", "1")
+        await client.rpush(f"runs:{task_id}", str(os.getpid()))
         await client.aclose()
 
     asyncio.run(note())
@@ -43,6 +44,13 @@ def note_run(task_id: str) -> None:
 def ask(self: Any, calls: GovernedCalls, text: str = "hello", fail_fast: bool = False) -> str:
     note_run(self.request.id)
     return calls.chat([{"role": "user", "content": text}], fail_fast=fail_fast).value.text
+
+
+@app.task(bind=True)
+@governed()
+def ask_in(self: Any, calls: GovernedCalls, scope: str, text: str = "hello") -> str:
+    note_run(self.request.id)
+    return calls.chat([{"role": "user", "content": text}], scope=scope).value.text
 
 
 @app.task

@@ -22,6 +22,8 @@ MODELS = {
     "up": ModelBehaviour(reply="fine"),
     "second": ModelBehaviour(reply="second answer"),
     "broken": ModelBehaviour(error_rates={500: 1.0}),
+    "slow": ModelBehaviour(reply="slow answer", latency_s=(20.0, 20.0)),
+    "killable": ModelBehaviour(reply="survived", latency_s=(0.6, 0.6)),
 }
 
 
@@ -39,9 +41,9 @@ def broker(redis_url: str) -> Iterator[str]:
     sync_redis.Redis.from_url(url).flushdb()
 
 
-def make_config(
+def config_data(
     provider: SimulatedProvider, redis_url: str, prefix: str, **overrides: Any
-) -> GatewayConfig:
+) -> dict[str, Any]:
     scope = {
         "max_attempts": 2,
         "stall_window_s": 1.0,
@@ -71,8 +73,28 @@ def make_config(
             "second": {"kind": "chat", "sources": ["other"], **scope},
         },
     }
+    for name, model in overrides.pop("extra_sources", {}).items():
+        data["sources"][name] = {
+            "base_url": provider.url,
+            "model": model,
+            "timeout_s": 30,
+            "max_concurrency": 1,
+        }
+        data["scopes"][name] = {
+            "kind": "chat",
+            "sources": [name],
+            **scope,
+            "max_call_s": 60,
+            "stall_window_s": 10,
+        }
     data.update(overrides)
-    return parse_config(data)
+    return data
+
+
+def make_config(
+    provider: SimulatedProvider, redis_url: str, prefix: str, **overrides: Any
+) -> GatewayConfig:
+    return parse_config(config_data(provider, redis_url, prefix, **overrides))
 
 
 Worker = Callable[..., Any]

@@ -1,0 +1,146 @@
+"""Real `celery worker` processes: the prefork pool, time limits, revokes and SIGKILLs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from celery.exceptions import SoftTimeLimitExceeded, TaskRevokedError
+
+from polygate_celery.core.terms import SourceTerms
+from polygate_celery.store.redis import RedisStore
+from polygate_celery.testing.simulator import SimulatedProvider
+from tests.celery.app import app, ask, ask_in
+from tests.celery.conftest import config_data
+from tests.celery.workers import celery_worker
+
+LEASE_S = 2.0
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    prefix = f"procs-{uuid.uuid4().hex[:10]}"
+    yield prefix
+    client = sync_redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{{{prefix}}}*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def worker_config(provider: SimulatedProvider, redis_url: str, prefix: str) -> dict[str, Any]:
+    data = config_data(
+        provider,
+        redis_url,
+        prefix,
+        extra_sources={"slow": "slow", "killable": "killable"},
+    )
+    data["store"]["lease_s"] = LEASE_S
+    return data
+
+
+@pytest.fixture
+def client_app(broker: str) -> Any:
+    app.conf.update(broker_url=broker, result_backend=broker, task_default_queue="polygate-tests")
+    return app
+
+
+def permits_in_use(redis_url: str, prefix: str, source: str) -> int:
+    async def read() -> int:
+        store = RedisStore.from_url(redis_url, prefix=prefix)
+        try:
+            return (await store.snapshot(SourceTerms(source, 1))).permits_in_use
+        finally:
+            await store.aclose()
+
+    return asyncio.run(read())
+
+
+def running_pid(broker: str, task_id: str, runs: int = 1, within_s: float = 20) -> int:
+    client = sync_redis.Redis.from_url(broker)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        pids = client.lrange(f"runs:{task_id}", 0, -1)
+        if len(pids) >= runs:
+            return int(pids[runs - 1])
+        time.sleep(0.02)
+    raise AssertionError(f"task {task_id} did not start")
+
+
+def wait_until(condition: Any, within_s: float = 30) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)
+
+
+def test_the_prefork_pool_runs_governed_tasks(
+    client_app: Any, worker_config: dict[str, Any], broker: str, tmp_path: Path
+) -> None:
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
+        results = [ask.delay(f"n{i}") for i in range(8)]
+        assert [r.get(timeout=60) for r in results] == ["fine"] * 8
+
+
+@pytest.mark.parametrize("stop", ["soft_time_limit", "revoke"])
+def test_an_interrupted_call_releases_its_permit_and_the_worker_goes_on(
+    client_app: Any,
+    worker_config: dict[str, Any],
+    broker: str,
+    redis_url: str,
+    prefix: str,
+    tmp_path: Path,
+    stop: str,
+) -> None:
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=1):
+        options = {"soft_time_limit": 1.5} if stop == "soft_time_limit" else {}
+        result = ask_in.apply_async(("slow", "x"), **options)
+        running_pid(broker, result.id)
+        if stop == "revoke":
+            time.sleep(0.5)
+            app.control.revoke(result.id, terminate=True, signal="SIGUSR1")
+        expected = SoftTimeLimitExceeded if stop == "soft_time_limit" else TaskRevokedError
+        with pytest.raises(expected):
+            result.get(timeout=30)
+        assert permits_in_use(redis_url, prefix, "slow") == 0
+        assert ask.delay("next").get(timeout=30) == "fine"  # same process, same loop
+
+
+def test_a_killed_pool_process_mid_call_is_redelivered_and_its_permit_returns(
+    client_app: Any,
+    worker_config: dict[str, Any],
+    broker: str,
+    provider: SimulatedProvider,
+    tmp_path: Path,
+) -> None:
+    trials = int(os.environ.get("POLYGATE_KILL_TRIALS", "20"))
+    gaps = []
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
+        assert ask.delay("warm up").get(timeout=60) == "fine"
+        for _ in range(trials):
+            result = ask_in.delay("killable", "x")
+            pid = running_pid(broker, result.id)
+            wait_until(lambda: provider.in_flight("killable") == 1)  # the permit is held
+            killed_at = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            running_pid(broker, result.id, runs=2, within_s=30)  # redelivered and started
+            redelivered = time.monotonic() - killed_at
+            wait_until(lambda: provider.in_flight("killable") == 1)  # the permit came back
+            regranted = time.monotonic() - killed_at
+            gaps.append((redelivered, regranted))
+            assert result.get(timeout=30) == "survived"
+            # The dead holder's permit is free within its lease; if Celery redelivered
+            # later than that, the new run finds it free at once.
+            assert regranted <= max(LEASE_S, redelivered) + 0.5
+    redelivery = [g[0] for g in gaps]
+    print(
+        f"{trials} kills: redelivered after {min(redelivery):.2f}-{max(redelivery):.2f} s; "
+        f"permit regranted {min(g[1] for g in gaps):.2f}-{max(g[1] for g in gaps):.2f} s"
+    )
