@@ -32,8 +32,9 @@ def pause(runtime: Any, source: str, seconds: float) -> None:
     runtime.run(runtime.store.pause_source(source, seconds))
 
 
-def test_success(governed_worker: Worker, broker: str) -> None:
-    with governed_worker():
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_success(governed_worker: Worker, broker: str, pool: str) -> None:
+    with governed_worker(pool=pool, concurrency=1 if pool == "solo" else 4):
         result = ask.delay("hi")
         assert result.get(timeout=20) == "fine"
         assert runs(broker, result.id) == 1

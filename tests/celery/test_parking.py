@@ -1,0 +1,62 @@
+"""The parking lot's release: at least once, never lost, never doubled by the release itself."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis as sync_redis
+
+from polygate_celery.celery import ParkingLot, Releaser
+from tests.celery.app import app, ask
+from tests.celery.conftest import Worker
+from tests.celery.test_outcomes import pause, runs, wait_for_state
+
+
+def lot_of(runtime: Any) -> ParkingLot:
+    return ParkingLot(runtime.redis, runtime.keys)
+
+
+def test_a_releaser_that_dies_mid_release_loses_nothing(
+    governed_worker: Worker, broker: str
+) -> None:
+    with governed_worker(deferral={"release_interval_s": 60, "claim_lease_s": 1.0}) as runtime:
+        pause(runtime, "main", 1.5)
+        result = ask.delay("parked")
+        wait_for_state(result, "DEFERRED")
+        time.sleep(2.5)  # due now
+        lot = lot_of(runtime)
+        claimed = runtime.run(lot.claim(10, 1.0, "a-releaser-that-dies"))
+        assert [entry for entry, _ in claimed] == [f"{result.id}:1"]
+        time.sleep(1.2)  # its claim lapses, unconfirmed
+        other = Releaser(app, lot, runtime.config.deferral)
+        assert runtime.run(other.release_due()) == 1
+        assert result.get(timeout=20) == "fine"
+        assert runtime.run(lot.size()) == 0
+
+
+def test_a_message_released_twice_runs_once(governed_worker: Worker, broker: str) -> None:
+    with governed_worker(deferral={"release_interval_s": 60}) as runtime:
+        pause(runtime, "main", 1.5)
+        result = ask.delay("twice")
+        wait_for_state(result, "DEFERRED")
+        time.sleep(2.5)
+        lot = lot_of(runtime)
+        ((_, message),) = runtime.run(lot.claim(10, 30.0, "first"))
+        from polygate_celery.celery.parking import publish_message  # noqa: PLC0415
+
+        publish_message(app, message)  # a releaser published, then died before confirming
+        assert result.get(timeout=20) == "fine"
+        publish_message(app, message)  # ... and its successor publishes the same message again
+        time.sleep(2.0)
+    assert runs(broker, result.id) == 2  # the first run, then the released one, once
+
+
+def test_the_release_loop_keeps_up(governed_worker: Worker, broker: str) -> None:
+    with governed_worker() as runtime:
+        pause(runtime, "main", 1.5)
+        results = [ask.delay(f"n{i}") for i in range(40)]
+        assert [r.get(timeout=60) for r in results] == ["fine"] * 40
+        assert runtime.run(lot_of(runtime).size()) == 0
+    client = sync_redis.Redis.from_url(broker)
+    assert all(client.llen(f"runs:{r.id}") >= 1 for r in results)
