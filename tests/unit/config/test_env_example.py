@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from polygate_celery.config import (
     AimdConfig,
     BreakerConfig,
+    DeferralConfig,
     QuotaConfig,
     ScopeConfig,
     ScopeSettings,
@@ -26,6 +27,7 @@ NESTED: dict[str, type[BaseModel]] = {"breaker": BreakerConfig, "aimd": AimdConf
 # Top-level table → (model under it, whether a name segment follows).
 TABLES: dict[str, tuple[type[BaseModel], bool]] = {
     "store": (StoreConfig, False),
+    "deferral": (DeferralConfig, False),
     "source_defaults": (SourceSettings, False),
     "sources": (SourceConfig, True),
     "quotas": (QuotaConfig, True),
@@ -106,6 +108,7 @@ def test_every_documented_variable_has_a_meaning() -> None:
         ),
         (QuotaConfig, False, set(QuotaConfig.model_fields)),
         (StoreConfig, False, set(StoreConfig.model_fields)),
+        (DeferralConfig, False, set(DeferralConfig.model_fields)),
         (ScopeSettings, True, set(ScopeSettings.model_fields)),
         (
             ScopeConfig,
@@ -125,7 +128,15 @@ def test_every_field_is_documented(
 def test_every_field_of_every_model_is_mentioned() -> None:
     # A nested table (breaker, aimd) is mentioned through its own keys.
     mentioned = {part for n in VARS for part in n.removeprefix("POLYGATE_").lower().split("__")}
-    for model in (SourceConfig, ScopeConfig, QuotaConfig, BreakerConfig, AimdConfig, StoreConfig):
+    for model in (
+        SourceConfig,
+        ScopeConfig,
+        QuotaConfig,
+        BreakerConfig,
+        AimdConfig,
+        StoreConfig,
+        DeferralConfig,
+    ):
         missing = set(model.model_fields) - mentioned
         assert not missing, f"{model.__name__}: {sorted(missing)}"
 
