@@ -66,14 +66,24 @@ def deferral_delay(retry_after_s: float, deferrals: int, config: DeferralConfig,
 
 
 def countdown_cap_s(task: Task[Any, Any]) -> float:
-    """The longest countdown a worker may hold: half the broker's visibility timeout."""
+    """The longest countdown whose run still ends within the broker's visibility timeout.
+
+    An ETA message is unacknowledged from its delivery: its countdown and its
+    run (up to the hard time limit) must both fit, or it would be redelivered
+    while still running.
+    """
     options = task.app.conf.broker_transport_options or {}
-    visibility = options.get("visibility_timeout", 3600)
-    return float(visibility) / 2
+    visibility = float(options.get("visibility_timeout", 3600))
+    hard_limit = float(task.app.conf.task_time_limit or 0)
+    return max(1.0, visibility - hard_limit - 60.0)
 
 
 def defer(
-    task: Task[Any, Any], verdict: GatewayUnavailableError, runtime: WorkerRuntime
+    task: Task[Any, Any],
+    verdict: GatewayUnavailableError,
+    runtime: WorkerRuntime,
+    *,
+    strategy: str | None = None,
 ) -> NoReturn:
     """Re-enqueue `task` to run later, and end this run without a result (Celery's Ignore)."""
     config = runtime.config.deferral
@@ -83,25 +93,20 @@ def defer(
     count = state.count + 1
     scope = getattr(verdict, "scope", None)
     reason = verdict.reason if isinstance(verdict, AllSourcesExhausted) else "backend_error"
-    if count > config.max_deferrals or now - first > config.max_defer_age_s:
-        raise DeferralBudgetExceeded(reason, scope, state.count, now - first) from verdict
     estimate = verdict.retry_after_s if isinstance(verdict, AllSourcesExhausted) else 1.0
+    if count > config.max_deferrals or now - first > config.max_defer_age_s:
+        raise DeferralBudgetExceeded(reason, scope, state.count, now - first, estimate) from verdict
     delay = deferral_delay(estimate, state.count, config, random.random())
     headers = {**(task.request.headers or {}), DEFERRALS: count, FIRST_DEFERRED_AT: first}
     signature = task.signature_from_request(task.request, headers=headers)
-    strategy = config.strategy if runtime.redis is not None else "countdown"
-    if strategy == "park":
-        try:
-            assert runtime.redis is not None
-            lot = ParkingLot(runtime.redis, runtime.keys)
-            runtime.run(lot.park(entry_id(task, count), delay, capture_message(signature)))
-            start_release_loop(task.app)  # this process releases what is due, too
-        except Exception:
-            # The lot lives in the store's Redis; the broker may still be up.
-            logger.warning("parking task %s failed; deferring by countdown", task.request.id)
-            strategy = "countdown"
-    if strategy == "countdown":
+    chosen = strategy or (config.strategy if runtime.redis is not None else "countdown")
+    if chosen == "countdown":
         delay = min(delay, countdown_cap_s(task))
+    _record_deferred(task, reason, scope, estimate, count, now + delay, chosen)
+    if chosen == "park" and not _park(task, runtime, count, delay, signature):
+        chosen = "countdown"  # the lot lives in the store's Redis; the broker may be up
+        delay = min(delay, countdown_cap_s(task))
+    if chosen == "countdown":
         try:
             for attempt in broker_retrying():
                 with attempt:
@@ -110,17 +115,49 @@ def defer(
             # Neither acknowledged nor lost: back to the broker, which redelivers it.
             logger.error("deferring task %s failed; handing it back", task.request.id)
             raise Reject(f"could not defer: {type(exc).__name__}", requeue=True) from exc
+    logger.info("task %s deferred (%s), runs again in %.1f s", task.request.id, reason, delay)
+    raise Ignore()
+
+
+def _park(
+    task: Task[Any, Any], runtime: WorkerRuntime, count: int, delay: float, signature: Any
+) -> bool:
+    """Park the deferred message; False if the lot could not take it."""
+    try:
+        assert runtime.redis is not None
+        lot = ParkingLot(runtime.redis, runtime.keys, task.app.main or "default")
+        message = capture_message(signature)
+        done_ttl = runtime.config.deferral.max_defer_age_s
+        runtime.run(lot.park(entry_id(task, count), delay, message, done_ttl))
+    except Exception:
+        logger.warning("parking task %s failed; deferring by countdown", task.request.id)
+        return False
+    try:
+        start_release_loop(task.app)  # this process releases what is due, too
+    except Exception:
+        logger.warning("starting the release loop failed", exc_info=True)
+    return True
+
+
+def _record_deferred(
+    task: Task[Any, Any],
+    reason: str,
+    scope: str | None,
+    estimate: float,
+    count: int,
+    due_at: float,
+    strategy: str,
+) -> None:
+    """Show the task as deferred, before its next run can record anything newer."""
     meta = {
         "reason": reason,
         "scope": scope,
         "retry_after_s": estimate,
         "deferrals": count,
-        "due_at": now + delay,
+        "due_at": due_at,
         "strategy": strategy,
     }
     try:
         task.update_state(state=DEFERRED, meta=meta)
     except Exception:
         logger.warning("recording task %s as deferred failed", task.request.id, exc_info=True)
-    logger.info("task %s deferred (%s), runs again in %.1f s", task.request.id, reason, delay)
-    raise Ignore()

@@ -25,6 +25,7 @@ class ExecutionGuard:
         self.runtime = runtime
         request = task.request
         self.redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        self.deferrals = deferrals
         self.active = runtime.redis is not None and (deferrals > 0 or self.redelivered)
         base = runtime.keys.base if runtime.keys is not None else ""
         run_id = f"{request.id}:{deferrals}"
@@ -45,8 +46,14 @@ class ExecutionGuard:
         return verdict
 
     def finish(self) -> None:
+        """This message's run is over (success, failure, or deferred): copies are dropped."""
         if self.active:
             self.runtime.run(self._call("finish"))
+
+    def release(self) -> None:
+        """This run ended but its message goes on (a Celery retry): the next copy runs."""
+        if self.active:
+            self.runtime.run(self._call("release"))
 
     async def _call(self, mode: str) -> Any:
         assert self.runtime.redis is not None

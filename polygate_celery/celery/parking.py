@@ -113,20 +113,30 @@ def publish_message(app: Celery, message: dict[str, Any]) -> None:
 
 
 class ParkingLot:
-    """The lot's three keys under the store's prefix, and its scripts."""
+    """One app's lot (three keys under the store's prefix), and its scripts.
 
-    def __init__(self, client: Redis, keys: KeySpace) -> None:
+    The lot is per Celery app (its main name): apps that share a store prefix,
+    to share permits, never release each other's tasks into the wrong broker.
+    """
+
+    def __init__(self, client: Redis, keys: KeySpace, app_name: str = "default") -> None:
         self.client = client
-        base = keys.base
-        self.keys = [f"{base}:parked", f"{base}:parked:msg", f"{base}:parked:claim"]
+        self.base = keys.base
+        lot = f"{keys.base}:parked:{app_name}"
+        self.keys = [lot, f"{lot}:msg", f"{lot}:claim"]
         self._scripts = _scripts()
 
-    async def park(self, entry_id: str, due_in_s: float, message: dict[str, Any]) -> None:
+    async def park(
+        self, entry_id: str, due_in_s: float, message: dict[str, Any], done_ttl_s: float
+    ) -> None:
+        """Park `entry_id` ("<task id>:<n + 1>") and mark run n of the task finished."""
+        task_id, _, deferral = entry_id.rpartition(":")
+        deferring_run = f"{self.base}:done:{task_id}:{int(deferral) - 1}"
         await run_script(
             self._scripts["park"],
             self.client,
-            self.keys[:2],
-            [entry_id, repr(max(0.0, due_in_s)), json.dumps(message)],
+            [*self.keys[:2], deferring_run],
+            [entry_id, repr(max(0.0, due_in_s)), json.dumps(message), repr(done_ttl_s)],
         )
 
     async def claim(
@@ -185,7 +195,7 @@ class Releaser:
             released = 0
             try:
                 released = await self.release_due(loop)
-            except GovernanceBackendError:
+            except Exception:  # the loop must outlive any one round's failure
                 logger.warning("releasing parked tasks failed; retrying", exc_info=True)
             if released < self.config.release_batch:
                 await asyncio.sleep(self.config.release_interval_s * random.uniform(0.5, 1.0))

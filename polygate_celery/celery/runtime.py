@@ -43,6 +43,11 @@ def register_config(app: Celery, config: GatewayConfig) -> None:
     _configs[id(app)] = config
 
 
+def registered_config(app: Celery) -> GatewayConfig | None:
+    """The configuration `configure_worker` registered for `app`, if any."""
+    return _configs.get(id(app))
+
+
 def runtime_for(app: Celery) -> WorkerRuntime:
     """This process's runtime for `app`, made on first use (and anew after a fork)."""
     with _lock:
@@ -98,9 +103,10 @@ class WorkerRuntime:
         If the wait is interrupted (SoftTimeLimitExceeded, a revoke, SystemExit),
         the coroutine is cancelled and awaited before the interruption goes on.
         """
-        finished = threading.Event()
+        started, finished = threading.Event(), threading.Event()
 
         async def guarded() -> T:
+            started.set()
             try:
                 return await coroutine
             finally:
@@ -114,7 +120,8 @@ class WorkerRuntime:
         except BaseException:
             if not future.done():
                 self.loop.call_soon_threadsafe(future.cancel)
-                if not finished.wait(CANCEL_WAIT_S):
+                # A call cancelled before its first step never runs: nothing to wait for.
+                if started.is_set() and not finished.wait(CANCEL_WAIT_S):
                     logger.warning("a cancelled governed call did not end in %gs", CANCEL_WAIT_S)
             raise
 

@@ -26,15 +26,15 @@ worker's event loop.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 from celery import Task
 from celery._state import get_current_task
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, Retry
 
 from polygate_celery.celery.deferral import DeferralState, defer
 from polygate_celery.celery.guard import ExecutionGuard
@@ -43,6 +43,7 @@ from polygate_celery.celery.runtime import runtime_for
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, PolygateError
 
 F = TypeVar("F", bound=Callable[..., Any])
+logger = logging.getLogger("polygate_celery")
 
 
 class PoisonMessage(PolygateError):
@@ -113,7 +114,8 @@ def _run(
     try:
         verdict = guard.begin()
     except GovernanceBackendError as exc:
-        raise Reject("the governance store is unreachable", requeue=True) from exc
+        # The store cannot tell copies apart now; the broker can still hold the task.
+        _defer(task, exc, runtime, guard, strategy="countdown")
     if verdict == "poison":
         raise PoisonMessage(str(task.request.id), runtime.config.deferral.redelivery_cap)
     if verdict in ("done", "running"):
@@ -127,33 +129,45 @@ def _run(
         result = runtime.run(fn(*call_args, **kwargs)) if is_async else fn(*call_args, **kwargs)
     except AllSourcesExhausted as exc:
         if exc.reason == "retry_exhausted":
-            guard.finish()
+            _quietly(guard.finish)
             raise
         _defer(task, exc, runtime, guard)
     except GovernanceBackendError as exc:
         _defer(task, exc, runtime, guard)
+    except Retry:
+        _quietly(guard.release)  # Celery republished the message: its next copy must run
+        raise
     except (Ignore, Reject):
         raise
     except BaseException:
-        _finish_quietly(guard)
+        _quietly(guard.finish)
         raise
-    guard.finish()
+    _quietly(guard.finish)  # a marker that fails to be set never costs the task its result
     return result
 
 
-def _defer(task: Task[Any, Any], verdict: Any, runtime: Any, guard: ExecutionGuard) -> None:
+def _defer(
+    task: Task[Any, Any],
+    verdict: Any,
+    runtime: Any,
+    guard: ExecutionGuard,
+    strategy: str | None = None,
+) -> NoReturn:
     try:
-        defer(task, verdict, runtime)
+        defer(task, verdict, runtime, strategy=strategy)
     except Ignore:
-        _finish_quietly(guard)  # deferred: this message's run is over
+        _quietly(guard.finish)  # deferred: this message's run is over
         raise
     except Reject:
         raise  # handed back to the broker: the message will run again
     except BaseException:
-        _finish_quietly(guard)
+        _quietly(guard.finish)
         raise
 
 
-def _finish_quietly(guard: ExecutionGuard) -> None:
-    with contextlib.suppress(Exception):  # the marker only drops copies: nothing is lost
-        guard.finish()
+def _quietly(step: Callable[[], None]) -> None:
+    """A guard marker only drops copies: failing to write one loses nothing."""
+    try:
+        step()
+    except Exception:
+        logger.warning("recording a governed task's run failed", exc_info=True)

@@ -18,15 +18,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from celery import Celery, signals
+from celery.app.defaults import DEFAULTS
 
 from polygate_celery.celery.parking import ParkingLot, Releaser
-from polygate_celery.celery.runtime import register_config, runtime_for
+from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
 
 logger = logging.getLogger("polygate_celery")
-SAFE_EVICTION = {"noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"}
+# Only noeviction is safe: the volatile-* policies evict keys with a TTL, which is what
+# the duplicate guard's markers, the scope gates and the kept paid results are.
+SAFE_EVICTION = {"noeviction"}
 
 
 def time_limits(config: GatewayConfig, calls_per_task: int, extra_s: float) -> tuple[float, float]:
@@ -44,10 +48,17 @@ def configure_worker(
     extra_task_s: float = 60.0,
     visibility_margin_s: float = 300.0,
 ) -> dict[str, Any]:
-    """Configure `app` for governed tasks; returns the settings it applied."""
+    """Configure `app` for governed tasks; returns the settings it applied.
+
+    Time limits the app already sets are kept (and checked against the
+    visibility timeout); per-task ``time_limit`` options are not checked. The
+    threads and solo pools do not enforce time limits at all: a run that
+    outlives the visibility timeout there is delivered twice.
+    """
     if calls_per_task < 1:
         raise ConfigError("calls_per_task", "must be at least 1")
     soft, hard = time_limits(config, calls_per_task, extra_task_s)
+    hard = max(hard, float(app.conf.task_time_limit or 0))  # a longer limit of the user's
     transport = dict(app.conf.broker_transport_options or {})
     visibility = transport.get("visibility_timeout")
     if visibility is None:
@@ -59,6 +70,8 @@ def configure_worker(
         )
     transport["visibility_timeout"] = visibility
     settings: dict[str, Any] = {
+        "task_soft_time_limit": app.conf.task_soft_time_limit or soft,
+        "task_time_limit": app.conf.task_time_limit or hard,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
@@ -68,16 +81,12 @@ def configure_worker(
         "result_accept_content": ["json"],
         "event_serializer": "json",
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "worker_eta_task_limit": 1000,
-        "worker_soft_shutdown_timeout": min(60.0, soft),
-        "task_soft_time_limit": soft,
-        "task_time_limit": hard,
         "broker_transport_options": transport,
-        "result_backend_transport_options": {
-            **dict(app.conf.result_backend_transport_options or {}),
-            "visibility_timeout": visibility,
-        },
     }
+    if "worker_soft_shutdown_timeout" in DEFAULTS:  # Celery 5.5 and later
+        settings["worker_soft_shutdown_timeout"] = min(60.0, soft)
+    if "worker_eta_task_limit" in DEFAULTS:  # Celery 5.6 and later
+        settings["worker_eta_task_limit"] = 1000
     app.conf.update(settings)
     register_config(app, config)
     _connect_signals(app)
@@ -90,7 +99,8 @@ def start_release_loop(app: Celery) -> Releaser | None:
     if runtime.redis is None or runtime.keys is None:
         return None
     if getattr(runtime, "releaser", None) is None:
-        releaser = Releaser(app, ParkingLot(runtime.redis, runtime.keys), runtime.config.deferral)
+        lot = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
+        releaser = Releaser(app, lot, runtime.config.deferral)
         releaser.start(runtime.loop)
         runtime.releaser = releaser  # type: ignore[attr-defined]
         runtime.add_service(releaser)
@@ -98,21 +108,25 @@ def start_release_loop(app: Celery) -> Releaser | None:
 
 
 def check_eviction_policy(app: Celery) -> str | None:
-    """Warn (and return the policy) when Redis could evict governance keys."""
-    runtime = runtime_for(app)
-    if runtime.redis is None:
+    """Warn (and return the policy) when Redis could evict governance keys.
+
+    Uses a short-lived client of its own, so that a prefork parent makes no
+    runtime (no threads) before it forks its pool.
+    """
+    config = registered_config(app)
+    if config is None or config.store.redis_url is None:
         return None
-
-    async def policy() -> str | None:
-        assert runtime.redis is not None
-        try:
-            found = await runtime.redis.config_get("maxmemory-policy")
-        except Exception:
-            return None  # CONFIG may be refused (managed Redis, ACLs): nothing to check
-        value = found.get("maxmemory-policy")
-        return str(value) if value is not None else None
-
-    found = runtime.run(policy())
+    try:
+        client = redis.Redis.from_url(
+            config.store.redis_url.get_secret_value(),
+            socket_timeout=config.store.socket_timeout_s,
+            socket_connect_timeout=config.store.connect_timeout_s,
+        )
+        with client:
+            value = client.config_get("maxmemory-policy").get("maxmemory-policy")
+        found = str(value) if value is not None else None
+    except Exception:
+        return None  # CONFIG may be refused (managed Redis, ACLs): nothing to check
     if found is not None and found not in SAFE_EVICTION:
         logger.warning(
             "Redis maxmemory-policy is %r: it may evict governance keys (permits, breakers, "
@@ -133,11 +147,13 @@ def _connect_signals(app: Celery) -> None:
     def on_process_init(**_: Any) -> None:  # prefork children
         start_release_loop(app)
 
-    def on_ready(sender: Any = None, **_: Any) -> None:  # the worker (solo and threads pools)
+    def on_ready(sender: Any = None, **_: Any) -> None:  # the worker's main process
         if getattr(sender, "app", app) is not app:
             return
         check_eviction_policy(app)
-        start_release_loop(app)
+        pool = getattr(getattr(sender, "controller", None), "pool_cls", None)
+        if "prefork" not in getattr(pool, "__module__", ""):
+            start_release_loop(app)  # solo and threads pools run tasks in this process
 
     def on_process_shutdown(**_: Any) -> None:
         runtime_for(app).close()

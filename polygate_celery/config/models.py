@@ -243,5 +243,5 @@ class DeferralConfig(_Strict):
         86_400.0, description="how long paid results are kept for a deferred task's next run"
     )
     redelivery_cap: int = Field(
-        5, ge=1, description="redeliveries of one message (a worker lost each time) before FAILURE"
+        10, ge=1, description="redeliveries of one message (a worker lost each time) before FAILURE"
     )

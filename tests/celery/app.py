@@ -86,6 +86,21 @@ def record(self: Any, calls: GovernedCalls, text: str) -> str:
     return calls.chat([{"role": "user", "content": text}]).value.text
 
 
+@app.task(bind=True)
+@governed("chat")
+def defer_then_retry(self: Any, calls: GovernedCalls) -> str:
+    """Deferred on its first run, Celery-retried on its second, done on its third."""
+    note_run(self.request.id)
+    deferral = (self.request.headers or {}).get("polygate_deferrals", 0)
+    if deferral == 0:
+        from polygate_celery import AllSourcesExhausted  # noqa: PLC0415
+
+        raise AllSourcesExhausted("stalled", "chat", 0.2)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.2)
+    return calls.chat(HELLO).value.text
+
+
 @app.task
 @governed("chat")
 def fatal(calls: GovernedCalls) -> None:

@@ -14,7 +14,7 @@ from tests.celery.test_outcomes import pause, runs, wait_for_state
 
 
 def lot_of(runtime: Any) -> ParkingLot:
-    return ParkingLot(runtime.redis, runtime.keys)
+    return ParkingLot(runtime.redis, runtime.keys, app.main)
 
 
 def test_a_releaser_that_dies_mid_release_loses_nothing(

@@ -6,11 +6,17 @@
 -- ARGV[1]  "begin" or "finish"    ARGV[2]  run TTL seconds    ARGV[3]  done TTL seconds
 -- ARGV[4]  1 if the broker redelivered this message, else 0
 -- ARGV[5]  redeliveries allowed
+-- ARGV[1] also "release": the run ended without finishing its message (a Celery retry
+--          republished it): forget the run, so the next copy runs.
 -- Returns  begin: "go", "done" (a copy of a finished run: drop it), "running" (a copy of a
---          live run: drop it) or "poison" (redelivered too often); finish: "0".
+--          live run: drop it) or "poison" (redelivered too often); finish, release: "0".
 
 if ARGV[1] == 'finish' then
   redis.call('SET', KEYS[2], '1', 'EX', math.ceil(tonumber(ARGV[3])))
+  redis.call('DEL', KEYS[1])
+  return '0'
+end
+if ARGV[1] == 'release' then
   redis.call('DEL', KEYS[1])
   return '0'
 end
