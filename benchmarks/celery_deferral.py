@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -48,10 +49,12 @@ import redis as sync_redis  # noqa: E402
 from celery import Celery  # noqa: E402
 
 from polygate_celery import parse_config  # noqa: E402
-from polygate_celery.celery import configure_worker  # noqa: E402
+from polygate_celery.celery import ParkingLot, configure_worker  # noqa: E402
+from polygate_celery.store.redis import KeySpace  # noqa: E402
 from tests.celery.workers import toml  # noqa: E402
 
 APP = "benchmarks.celery_bench_app"
+APP_NAME = "polygate_bench"  # its Celery("polygate_bench"): the parking lot is per app name
 TASK = {name: f"{APP}.{name}" for name in ("defer_once", "plain_noop", "governed_noop")}
 TASK.update({name: f"{APP}.{name}" for name in ("plain_call", "governed_call")})
 PARK_TARGET_MB = 20.0
@@ -237,7 +240,7 @@ class Worker:
         self.queue = queue
         self.prefix = prefix
         self.logfile = log
-        self.lot = f"{{{prefix}}}:v1:parked"
+        self.lot = ParkingLot(None, KeySpace(prefix), APP_NAME).keys[0]  # type: ignore[arg-type]
         self.probe_queue = f"{queue}-probe"
 
     def counter(self, name: str) -> int:
@@ -590,6 +593,36 @@ def machine(bench: Bench) -> str:
     )
 
 
+def package_version() -> str:
+    """The commit measured, and whether the package's files differed from it."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "polygate_celery"],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "polygate_celery (no git)"
+    state = " with local changes to polygate_celery/" if dirty else ""
+    return f"polygate_celery at commit {commit or 'unknown'}{state}"
+
+
+def version_line(at_start: str) -> str:
+    at_end = package_version()
+    if at_end == at_start:
+        return at_end
+    return f"**changed during the run**: {at_start} at the start, {at_end} at the end"
+
+
 def report(
     bench: Bench,
     n: int,
@@ -598,6 +631,7 @@ def report(
     lag_n: int,
     tput: dict[str, Any],
     elapsed_s: float,
+    version_at_start: str,
 ) -> str:
     park = next(m for m in memory if m["strategy"] == "park")
     countdown = next(m for m in memory if m["strategy"] == "countdown" and m["eta_limit"])
@@ -614,6 +648,8 @@ def report(
         "# Celery deferral: worker memory, release lag, governed-task throughput",
         "",
         f"Machine: {machine(bench)}.",
+        "",
+        f"Package: {version_line(version_at_start)}.",
         "",
         f"Run: `.venv/bin/python benchmarks/celery_deferral.py --tasks {n}`, "
         f"{elapsed_s / 60:.1f} minutes end to end. Workers are real `celery worker` "
@@ -645,7 +681,8 @@ def report(
         f"{n:,} `defer_once` tasks are sent at once (each body raises "
         f"`AllSourcesExhausted('stalled', 'bench', {LONG_DEFERRAL_S:g})` when its "
         "`polygate_deferrals` header is 0, so every task defers on its first run), and RSS "
-        f"is read again once all {n:,} have been deferred (park: the lot's sorted set holds "
+        f"is read again once all {n:,} have been deferred (park: the lot's sorted set, "
+        f"`{{<prefix>}}:v1:parked:{APP_NAME}`, holds "
         f"{n:,} entries; countdown: {n:,} first runs counted in Redis, then until the worker "
         "has taken no message from its queue for 3 s, since it goes on fetching the "
         "countdown copies), after a 1 s settle. Peak is `VmHWM`. Then a new no-op task is "
@@ -690,11 +727,12 @@ def report(
         f"{lag_n:,} `defer_once` tasks, each given a due time drawn uniformly from a "
         f"{DUE_SPREAD_S:g} s window that opens once all should be parked; the body defers by "
         "`due_at - now`, and with `jitter` 0, `growth` 1 and `min_delay_s` 0.01 the parked "
-        "entry's score is that due time. One worker, prefork pool, `-c 2` (both children and "
-        "the parent run the release loop: `worker_process_init` and `worker_ready` each start "
-        f"one), `release_interval_s` {deferral.get('release_interval_s', 0.2)} and "
+        "entry's score is that due time. One worker, prefork pool, `-c 2` (each child runs "
+        "a release loop, started by `worker_process_init`), "
+        f"`release_interval_s` {deferral.get('release_interval_s', 0.2)} and "
         f"`release_batch` {deferral.get('release_batch', 200)} (the defaults). "
-        f"The benchmark polls `ZRANGEBYSCORE lot -inf now+{HORIZON_S:g} WITHSCORES` every "
+        "The benchmark polls the lot (`{<prefix>}:v1:parked:polygate_bench`) with "
+        f"`ZRANGEBYSCORE lot -inf now+{HORIZON_S:g} WITHSCORES` every "
         f"{POLL_S * 1000:.0f} ms (plus `ZMSCORE` of the entries it watches that left that "
         "range): an entry's first-seen score is its due time (a claim moves the score to "
         "the lease end), and its release is the first poll that no longer finds it (the "
@@ -764,12 +802,7 @@ def report(
         'countdown row sets `deferral.strategy = "countdown"`):',
         "",
         "```toml",
-        toml(
-            {
-                **bench.config_data,
-                "store": {**bench.config_data["store"], "key_prefix": "bench-<run>-<part>"},
-            }
-        ).strip(),
+        shown_config(bench.config_data),
         "```",
         "",
         "Settings `configure_worker` applied (defaults `calls_per_task` 1, `extra_task_s` 60, "
@@ -780,6 +813,17 @@ def report(
         "```",
     ]
     return "\n".join(lines)
+
+
+def shown_config(data: dict[str, Any]) -> str:
+    """The configuration as TOML, with the run's own prefix and port left out."""
+    source = {**data["sources"]["sim"], "base_url": "http://127.0.0.1:<port>/v1"}
+    shown = {
+        **data,
+        "store": {**data["store"], "key_prefix": "bench-<run>-<part>"},
+        "sources": {"sim": source},
+    }
+    return re.sub(r"\n{3,}", "\n\n", toml(shown)).strip()
 
 
 def memory_label(m: dict[str, Any]) -> str:
@@ -805,13 +849,22 @@ def memory_notes(memory: list[dict[str, Any]], n: int) -> list[str]:
                 f"- {memory_label(m)}: only {m['first_runs']:,} of {n:,} tasks had run (and "
                 f"been deferred) when progress stopped."
             )
+        ran = "did not run" if m["probe_s"] is None else f"ran in {m['probe_s']:.2f} s"
+        if m["strategy"] == "park":
+            notes.append(
+                f"- {memory_label(m)}: the worker held {m['unacked']:,} messages; the "
+                f"{m['parked']:,} deferred tasks wait in Redis. A new task on its other queue "
+                f"{ran}."
+            )
         if m["strategy"] == "countdown":
             held = (
                 f"- {memory_label(m)}: the worker held {m['unacked']:,} countdown copies "
                 f"(unacknowledged, in its memory until due) and left {m['queued']:,} in the "
                 "queue."
             )
-            if m["probe_s"] is None:
+            if m["probe_s"] is not None:
+                held += f" A new task on its other queue {ran}."
+            else:
                 held += (
                     " A new task on its other queue did not run within 10 s: every prefetch "
                     "slot was taken by a countdown copy, so the worker takes no new work "
@@ -845,6 +898,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, interrupted)
     started = time.monotonic()
+    version = package_version()
     probe = sync_redis.Redis.from_url(f"{args.redis.rstrip('/')}/{args.db}")
     if probe.dbsize():
         sys.exit(f"Redis database {args.db} holds keys; it must be empty (use --db)")
@@ -861,7 +915,7 @@ def main() -> None:
             lag = lag_run(bench, lag_n, park_rate)
             tput = throughput(bench, args.throughput_tasks, args.call_tasks, args.rounds)
             elapsed = time.monotonic() - started
-            print(report(bench, args.tasks, memory, lag, lag_n, tput, elapsed))
+            print(report(bench, args.tasks, memory, lag, lag_n, tput, elapsed, version))
         finally:
             stop_all()
             if bench is not None:
