@@ -8,6 +8,7 @@ time, so the loop's acceptance tests hold on both.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -54,6 +55,16 @@ class Recorder:
 
     def of(self, kind: type[Any]) -> list[Any]:
         return [e for e in self.events if isinstance(e, kind)]
+
+
+@pytest.fixture(autouse=True)
+def _package_logger_reaches_caplog() -> None:
+    """A Celery worker started by an earlier test raises the root logger to ERROR."""
+    logging.getLogger().setLevel(logging.WARNING)
+    logger = logging.getLogger("polygate_celery")
+    logger.disabled = False
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
 
 
 @pytest.fixture
