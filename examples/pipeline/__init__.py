@@ -1,0 +1,1 @@
+"""An example pipeline: OCR every page, embed its chunks, summarise the document."""
