@@ -122,7 +122,7 @@ class ParkingLot:
     def __init__(self, client: Redis, keys: KeySpace, app_name: str = "default") -> None:
         self.client = client
         self.base = keys.base
-        lot = f"{keys.base}:parked:{app_name}"
+        lot = keys.parked(app_name)
         self.keys = [lot, f"{lot}:msg", f"{lot}:claim"]
         self._scripts = _scripts()
 

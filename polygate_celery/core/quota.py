@@ -39,3 +39,12 @@ def gcra_settle(tat: float, reserved: float, used: float, limit: int) -> float:
     """
     cap = float(limit)
     return gcra_adjust(tat, min(max(used, 0.0), cap) - min(max(reserved, 0.0), cap), limit)
+
+
+def gcra_spent(tat: float, now: float, limit: int) -> float:
+    """Units of the period's allowance spent as of `now` (0 when the TAT is not ahead).
+
+    A TAT `t` seconds ahead of now means ``t / 60`` of the allowance is spent;
+    an underestimate settled after admission may take it past the limit.
+    """
+    return max(0.0, tat - now) * limit / PERIOD_S

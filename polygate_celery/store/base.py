@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Literal, Protocol, Self, runtime_checkable
 
 from polygate_celery.core.breaker import BreakerMode, Effect
-from polygate_celery.core.terms import SourceTerms
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
 
 BlockReason = Literal["paused", "breaker_open", "probe_in_flight", "at_capacity", "quota"]
 
@@ -120,6 +120,21 @@ class SourceSnapshot:
     paused_for_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaSnapshot:
+    """How much of a quota's one-minute allowance is spent now, per dimension.
+
+    Read from the GCRA state: a theoretical arrival time `t` seconds ahead of
+    now means ``t / 60`` of the minute's allowance is spent (a full minute's
+    worth may be spent at once, then it refills evenly). None where the quota
+    has no such limit.
+    """
+
+    name: str
+    requests_used: float | None
+    tokens_used: float | None
+
+
 @runtime_checkable
 class Store(Protocol):
     """Governance state shared by every call (and, for Redis, every worker).
@@ -161,6 +176,26 @@ class Store(Protocol):
 
     async def pause_source(self, source: str, seconds: float) -> None:
         """Pause `source` fleet-wide for `seconds`, keeping a later existing pause."""
+        ...
+
+    async def resume_source(self, source: str) -> None:
+        """Lift `source`'s pause fleet-wide (an operator's override of a Retry-After)."""
+        ...
+
+    async def reset_source(self, source: str) -> None:
+        """Forget `source`'s breaker, adaptive limit and pause: it starts afresh.
+
+        The limit goes back to its initial value (the terms' `initial_limit`,
+        else the cap). Permits held now stay held, and settle as usual.
+        """
+        ...
+
+    async def gate_closed_for_s(self, scope: str) -> float:
+        """Seconds the scope's gate stays closed (see `close_gate`); 0.0 when it is open."""
+        ...
+
+    async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
+        """How much of `quota`'s minute is spent now (read-only, for status views)."""
         ...
 
     def watch_releases(self, sources: Sequence[str]) -> ReleaseWatch:

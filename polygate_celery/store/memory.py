@@ -27,13 +27,14 @@ from polygate_celery.core.breaker import (
     breaker_reopens_at,
     breaker_settle,
 )
-from polygate_celery.core.quota import gcra_reserve, gcra_settle
+from polygate_celery.core.quota import gcra_reserve, gcra_settle, gcra_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.base import (
     AdmitRequest,
     BlockReason,
     Denial,
     Grant,
+    QuotaSnapshot,
     Settlement,
     SourceSnapshot,
 )
@@ -207,6 +208,33 @@ class MemoryStore:
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())
         state.paused_until = max(state.paused_until, self._clock.now() + seconds)
+
+    async def resume_source(self, source: str) -> None:
+        state = self._sources.get(source)
+        if state is not None:
+            state.paused_until = -math.inf
+
+    async def reset_source(self, source: str) -> None:
+        state = self._sources.get(source)
+        if state is not None:
+            state.breaker = BreakerState()
+            state.aimd = None  # back to the initial limit on next use, from the terms
+            state.paused_until = -math.inf
+
+    async def gate_closed_for_s(self, scope: str) -> float:
+        gate = self._gates.get(scope)
+        return max(0.0, gate.until - self._clock.now()) if gate is not None else 0.0
+
+    async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
+        now = self._clock.now()
+        state = self._quotas.get(quota.name, _QuotaState())
+        return QuotaSnapshot(
+            name=quota.name,
+            requests_used=None
+            if quota.rpm is None
+            else gcra_spent(state.request_tat, now, quota.rpm),
+            tokens_used=None if quota.tpm is None else gcra_spent(state.token_tat, now, quota.tpm),
+        )
 
     def watch_releases(self, sources: Sequence[str]) -> Watch:
         return self._releases.watch(sources)

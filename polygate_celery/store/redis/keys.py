@@ -12,6 +12,8 @@ the old one::
     {p}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
     {p}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, probe
     {p}:v1:released                 channel "<origin> <source>" on every release
+    {p}:v1:parked:<app>             ZSET    deferred task entry -> due time (the Celery
+                                            parking lot, per app; with :msg and :claim)
 
 Permits, pauses, breaker and AIMD state belong to the source (shared by every
 scope that uses it); progress belongs to the scope. Memory per source is one
@@ -55,6 +57,10 @@ class KeySpace:
 
     def gate(self, scope: str) -> str:
         return f"{self.base}:scope:{scope}:gate"
+
+    def parked(self, app_name: str) -> str:
+        """The parking lot of Celery app `app_name` (its ``:msg`` and ``:claim`` keys follow)."""
+        return f"{self.base}:parked:{app_name}"
 
     @property
     def released(self) -> str:

@@ -31,13 +31,15 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
-from polygate_celery.core.terms import SourceTerms
+from polygate_celery.core.quota import gcra_spent
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.base import (
     AdmitRequest,
     BlockReason,
     Denial,
     Grant,
+    QuotaSnapshot,
     Settlement,
     SourceSnapshot,
 )
@@ -47,7 +49,7 @@ from polygate_celery.store.releases import ReleaseHub, Watch
 logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
-_SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate")
+_SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate", "quota")
 # Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
 # for a connection made on another event loop); cancellation passes through.
 _BACKEND_ERRORS = (Exception,)
@@ -229,11 +231,40 @@ class RedisStore:
         )
 
     async def close_gate(self, scope: str, seconds: float) -> None:
-        await self._run("gate", [self.keys.gate(scope)], [self._now(), _fmt(seconds)])
+        await self._run("gate", [self.keys.gate(scope)], [self._now(), "close", _fmt(seconds)])
+
+    async def gate_closed_for_s(self, scope: str) -> float:
+        reply = await self._run("gate", [self.keys.gate(scope)], [self._now(), "read"])
+        try:
+            return float(reply)
+        except _REPLY_ERRORS as exc:
+            raise GovernanceBackendError(f"gate: unexpected reply {reply!r}") from exc
 
     async def pause_source(self, source: str, seconds: float) -> None:
         keys = [self.keys.permits(source), self.keys.state(source)]
         await self._run("source", keys, [self._now(), "pause", _fmt(seconds)])
+
+    async def resume_source(self, source: str) -> None:
+        keys = [self.keys.permits(source), self.keys.state(source)]
+        await self._run("source", keys, [self._now(), "resume"])
+
+    async def reset_source(self, source: str) -> None:
+        keys = [self.keys.permits(source), self.keys.state(source)]
+        await self._run("source", keys, [self._now(), "reset"])
+
+    async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
+        reply = await self._run("quota", [self.keys.quota(quota.name)], [self._now()])
+        try:
+            request_ahead_s, token_ahead_s = (float(x) for x in reply)
+        except _REPLY_ERRORS as exc:
+            raise GovernanceBackendError(f"quota: unexpected reply {reply!r}") from exc
+        return QuotaSnapshot(
+            name=quota.name,
+            requests_used=None
+            if quota.rpm is None
+            else gcra_spent(request_ahead_s, 0.0, quota.rpm),
+            tokens_used=None if quota.tpm is None else gcra_spent(token_ahead_s, 0.0, quota.tpm),
+        )
 
     def watch_releases(self, sources: Sequence[str]) -> Watch:
         return self._releases.watch(sources)

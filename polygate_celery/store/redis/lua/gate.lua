@@ -1,9 +1,12 @@
--- gate.lua: close a scope's gate after a stalled verdict (a later close is kept).
+-- gate.lua: close a scope's gate after a stalled verdict (a later close is kept), or
+-- read how long it stays closed.
 --
 -- KEYS[1]  {p}:v1:scope:<scope>:gate   HASH  until probe probe_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
--- ARGV[2]  seconds to keep it closed
--- Returns  "0". The key expires on its own once the gate has opened.
+-- ARGV[2]  "close" or "read"
+-- ARGV[3]  close: seconds to keep it closed
+-- Returns  close: "0". The key expires on its own once the gate has opened.
+--          read: seconds it stays closed, "0" when open (read-only)
 -- Time: Redis TIME unless ARGV[1] is given.
 
 local function store_now(arg)
@@ -12,8 +15,12 @@ local function store_now(arg)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
-local now, seconds = store_now(ARGV[1]), tonumber(ARGV[2])
-local closed_until = math.max(tonumber(redis.call('HGET', KEYS[1], 'until') or '-1e300'), now + seconds)
+local now = store_now(ARGV[1])
+local closed_until = tonumber(redis.call('HGET', KEYS[1], 'until') or '-1e300')
+if ARGV[2] == 'read' then
+  return string.format('%.17g', math.max(0, closed_until - now))
+end
+closed_until = math.max(closed_until, now + tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until))
 redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
 redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + 60)

@@ -1,14 +1,18 @@
--- source.lua: pause a source (keeping a later pause), or read its state for status views.
+-- source.lua: an operator's or a status view's step on one source: pause it (keeping a
+-- later pause), resume it, reset it, or read its state.
 --
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
 --                                            last_decrease paused_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
--- ARGV[2]  "pause" or "snapshot"
+-- ARGV[2]  "pause", "resume", "reset" or "snapshot"
 -- ARGV[3]  pause: seconds;  snapshot: cap
 -- ARGV[4]  snapshot: initial AIMD limit (0: the cap)
--- Returns  pause: "0"
+-- Returns  pause, resume, reset: "0"
 --          snapshot: {live permits, permit limit, mode, failures, paused_for_s}
+-- resume deletes paused_until; reset deletes every field of the state hash (breaker,
+-- AIMD limit, which then starts again from its initial value, and pause) and keeps
+-- the permits, whose holders settle as usual.
 -- Time: Redis TIME unless ARGV[1] is given.
 
 local function store_now(arg)
@@ -19,6 +23,15 @@ end
 
 local function fmt(x) return string.format('%.17g', x) end
 
+if ARGV[2] == 'resume' then
+  redis.call('HDEL', KEYS[2], 'paused_until')
+  return '0'
+end
+if ARGV[2] == 'reset' then
+  redis.call('HDEL', KEYS[2], 'mode', 'failures', 'open_until', 'probe', 'limit',
+    'last_decrease', 'paused_until')
+  return '0'
+end
 local now = store_now(ARGV[1])
 local paused_until = tonumber(redis.call('HGET', KEYS[2], 'paused_until') or '-1e300')
 if ARGV[2] == 'pause' then
