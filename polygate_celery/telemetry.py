@@ -60,7 +60,24 @@ class SourceAlertEvent:
     paused_for_s: float
 
 
-Event: TypeAlias = AttemptEvent | WaitEvent | VerdictEvent | SourceAlertEvent
+@dataclass(frozen=True, slots=True)
+class DeferralEvent:
+    """A Celery task was deferred: re-enqueued to run again after `delay_s`.
+
+    `reason` is the verdict's (an `AllSourcesExhausted` reason, or
+    "backend_error" when the store could not answer); `deferrals` counts this
+    one; `strategy` is how it waits ("park" or "countdown").
+    """
+
+    scope: str | None
+    reason: str
+    deferrals: int
+    delay_s: float
+    strategy: str
+    retry_after_s: float | None = None
+
+
+Event: TypeAlias = AttemptEvent | WaitEvent | VerdictEvent | SourceAlertEvent | DeferralEvent
 TelemetryHook: TypeAlias = Callable[[Event], None]
 
 

@@ -33,6 +33,7 @@ from polygate_celery.errors import (
     DeferralBudgetExceeded,
     GatewayUnavailableError,
 )
+from polygate_celery.telemetry import DeferralEvent
 
 logger = logging.getLogger("polygate_celery")
 DEFERRALS = "polygate_deferrals"
@@ -116,6 +117,8 @@ def defer(
             logger.error("deferring task %s failed; handing it back", task.request.id)
             raise Reject(f"could not defer: {type(exc).__name__}", requeue=True) from exc
     logger.info("task %s deferred (%s), runs again in %.1f s", task.request.id, reason, delay)
+    if runtime.telemetry.active:
+        runtime.telemetry.emit(DeferralEvent(scope, reason, count, delay, chosen, estimate))
     raise Ignore()
 
 

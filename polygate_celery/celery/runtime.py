@@ -18,7 +18,7 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from celery import Celery
@@ -28,19 +28,25 @@ from polygate_celery.config.loading import load_config
 from polygate_celery.governance.gateway import Gateway
 from polygate_celery.store.factory import store_from_config
 from polygate_celery.store.redis import RedisStore
+from polygate_celery.telemetry import Telemetry, TelemetryHook
 
 logger = logging.getLogger("polygate_celery")
 T = TypeVar("T")
 CANCEL_WAIT_S = 10.0
 
 _configs: dict[int, GatewayConfig] = {}
+_hooks: dict[int, tuple[TelemetryHook, ...]] = {}
 _runtimes: dict[int, WorkerRuntime] = {}
 _lock = threading.Lock()
 
 
-def register_config(app: Celery, config: GatewayConfig) -> None:
-    """The configuration governed tasks of `app` use (else: `load_config()` on first use)."""
+def register_config(
+    app: Celery, config: GatewayConfig, hooks: Sequence[TelemetryHook] = ()
+) -> None:
+    """The configuration governed tasks of `app` use (else: `load_config()` on first use),
+    and the telemetry hooks its runtimes pass every event to."""
     _configs[id(app)] = config
+    _hooks[id(app)] = tuple(hooks)
 
 
 def registered_config(app: Celery) -> GatewayConfig | None:
@@ -54,7 +60,11 @@ def runtime_for(app: Celery) -> WorkerRuntime:
         runtime = _runtimes.get(id(app))
         if runtime is None or runtime.pid != os.getpid():
             config = _configs.get(id(app))
-            runtime = WorkerRuntime(app, config if config is not None else load_config())
+            runtime = WorkerRuntime(
+                app,
+                config if config is not None else load_config(),
+                hooks=_hooks.get(id(app), ()),
+            )
             _runtimes[id(app)] = runtime
         return runtime
 
@@ -77,11 +87,18 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class WorkerRuntime:
-    """The event loop, gateway and store of one worker process."""
+    """The event loop, gateway and store of one worker process.
 
-    def __init__(self, app: Celery, config: GatewayConfig) -> None:
+    `hooks` receive the gateway's events (on the loop's thread) and the
+    deferrals of this process's tasks (on the task's thread).
+    """
+
+    def __init__(
+        self, app: Celery, config: GatewayConfig, *, hooks: Sequence[TelemetryHook] = ()
+    ) -> None:
         self.app = app
         self.config = config
+        self.telemetry = Telemetry(hooks)
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -89,7 +106,7 @@ class WorkerRuntime:
         )
         self._thread.start()
         self.store = store_from_config(config.store)
-        self.gateway = Gateway(config, store=self.store, scope_gate=True)
+        self.gateway = Gateway(config, store=self.store, hooks=hooks, scope_gate=True)
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
         self._services: list[Any] = []
 

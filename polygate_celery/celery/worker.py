@@ -16,6 +16,7 @@ broker's unacknowledged-message records survive, so run Redis with AOF
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -26,6 +27,7 @@ from polygate_celery.celery.parking import ParkingLot, Releaser
 from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
+from polygate_celery.telemetry import TelemetryHook
 
 logger = logging.getLogger("polygate_celery")
 # Only noeviction is safe: the volatile-* policies evict keys with a TTL, which is what
@@ -47,13 +49,44 @@ def configure_worker(
     calls_per_task: int = 1,
     extra_task_s: float = 60.0,
     visibility_margin_s: float = 300.0,
+    hooks: Sequence[TelemetryHook] = (),
 ) -> dict[str, Any]:
     """Configure `app` for governed tasks; returns the settings it applied.
+
+    `hooks` receive the telemetry of every worker process's governed calls and
+    deferrals (e.g. `polygate_celery.metrics.PrometheusHook()`); a runtime made
+    before this call keeps the hooks it had.
 
     Time limits the app already sets are kept (and checked against the
     visibility timeout); per-task ``time_limit`` options are not checked. The
     threads and solo pools do not enforce time limits at all: a run that
     outlives the visibility timeout there is delivered twice.
+    """
+    settings = worker_settings(
+        app,
+        config,
+        calls_per_task=calls_per_task,
+        extra_task_s=extra_task_s,
+        visibility_margin_s=visibility_margin_s,
+    )
+    app.conf.update(settings)
+    register_config(app, config, hooks)
+    _connect_signals(app)
+    return settings
+
+
+def worker_settings(
+    app: Celery,
+    config: GatewayConfig,
+    *,
+    calls_per_task: int = 1,
+    extra_task_s: float = 60.0,
+    visibility_margin_s: float = 300.0,
+) -> dict[str, Any]:
+    """The settings `configure_worker` applies to `app`, computed without applying them.
+
+    Reads `app`'s own time limits and transport options; changes nothing,
+    registers nothing and connects nowhere (`polygate-celery check-config`).
     """
     if calls_per_task < 1:
         raise ConfigError("calls_per_task", "must be at least 1")
@@ -87,9 +120,6 @@ def configure_worker(
         settings["worker_soft_shutdown_timeout"] = min(60.0, soft)
     if "worker_eta_task_limit" in DEFAULTS:  # Celery 5.6 and later
         settings["worker_eta_task_limit"] = 1000
-    app.conf.update(settings)
-    register_config(app, config)
-    _connect_signals(app)
     return settings
 
 
@@ -130,7 +160,7 @@ def check_eviction_policy(app: Celery) -> str | None:
     if found is not None and found not in SAFE_EVICTION:
         logger.warning(
             "Redis maxmemory-policy is %r: it may evict governance keys (permits, breakers, "
-            "parked tasks); use noeviction or a volatile-* policy",
+            "parked tasks); use noeviction",
             found,
         )
     return found

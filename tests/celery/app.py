@@ -21,7 +21,12 @@ app.conf.result_backend = app.conf.broker_url
 app.conf.task_default_queue = os.environ.get("POLYGATE_TEST_QUEUE", "polygate-tests")
 app.conf.broker_connection_retry_on_startup = True
 if os.environ.get("POLYGATE_CONFIG"):
-    configure_worker(app, load_config())
+    hooks = []
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the prefork metrics test
+        from polygate_celery.metrics import PrometheusHook
+
+        hooks.append(PrometheusHook())
+    configure_worker(app, load_config(), hooks=hooks)
 
 HELLO = [{"role": "user", "content": "hello"}]
 

@@ -4,7 +4,7 @@ simulated provider. Each test gets its own queue, key prefix and configuration."
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,6 +15,7 @@ from celery.contrib.testing.worker import start_worker
 from polygate_celery import GatewayConfig, parse_config
 from polygate_celery.celery import configure_worker, runtime_for
 from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.telemetry import TelemetryHook
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.celery.app import app
 
@@ -107,11 +108,16 @@ def governed_worker(provider: SimulatedProvider, redis_url: str, broker: str) ->
     queue = "polygate-tests"  # the app caches its queues; the broker's database is emptied
 
     @contextmanager
-    def start(pool: str = "threads", concurrency: int = 4, **overrides: Any) -> Iterator[Any]:
+    def start(
+        pool: str = "threads",
+        concurrency: int = 4,
+        hooks: Sequence[TelemetryHook] = (),
+        **overrides: Any,
+    ) -> Iterator[Any]:
         config = make_config(provider, redis_url, prefix, **overrides)
         app.conf.update(broker_url=broker, result_backend=broker, task_default_queue=queue)
         app.conf.broker_transport_options = {}
-        configure_worker(app, config, extra_task_s=20)
+        configure_worker(app, config, extra_task_s=20, hooks=hooks)
         reset_runtime(app)
         with start_worker(
             app, pool=pool, concurrency=concurrency, perform_ping_check=False, shutdown_timeout=30

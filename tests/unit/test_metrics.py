@@ -1,0 +1,277 @@
+"""Prometheus metrics: the hook's counters, the collector's gauges, multiprocess mode, the extra."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from polygate_celery import AllSourcesExhausted, GatewayConfig, SourceFatalError, parse_config
+from polygate_celery.governance.plan import source_terms
+from polygate_celery.metrics import GovernanceCollector, PrometheusHook
+from polygate_celery.store import AdmitRequest, Grant, Store
+from polygate_celery.store.redis import RedisStore
+from polygate_celery.telemetry import DeferralEvent, SourceAlertEvent, WaitEvent
+from polygate_celery.testing import ScriptedSource, VirtualClock, steps
+from tests.conftest import GatewayFactory, Recorder, make_config, unique_prefix
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def hook(registry: CollectorRegistry) -> PrometheusHook:
+    return PrometheusHook(registry)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+async def test_the_hook_counts_what_governed_calls_do(
+    clock: VirtualClock,
+    gateway: GatewayFactory,
+    recorder: Recorder,
+    hook: PrometheusHook,
+    registry: CollectorRegistry,
+) -> None:
+    source = ScriptedSource(
+        clock,
+        [
+            steps.server_error(),
+            steps.ok(),  # call 1: a failure, a backoff, a success
+            steps.fatal("PROMPT-7c1 was refused"),  # call 2: fatal at once
+            steps.rate_limited(),
+            steps.rate_limited(),  # call 3: embeddings burn the budget on 429s
+        ],
+    )
+    gw = gateway(
+        make_config("embedding", max_attempts=2, backoff_base_s=1, stall_window_s=60),
+        {"a": source},
+        hooks=[recorder, hook],
+    )
+
+    await gw.call("s", "PROMPT-7c1")
+    with pytest.raises(SourceFatalError):
+        await gw.call("s", "PROMPT-7c1")
+    with pytest.raises(AllSourcesExhausted):
+        await gw.call("s", "PROMPT-7c1")
+
+    attempts = "polygate_attempts_total"
+    assert value(registry, attempts, scope="s", source="a", outcome="transient") == 1
+    assert value(registry, attempts, scope="s", source="a", outcome="success") == 1
+    assert value(registry, attempts, scope="s", source="a", outcome="fatal") == 1
+    assert value(registry, attempts, scope="s", source="a", outcome="rate_limited") == 2
+    assert value(registry, "polygate_verdicts_total", scope="s", verdict="success") == 1
+    assert value(registry, "polygate_verdicts_total", scope="s", verdict="fatal") == 1
+    assert value(registry, "polygate_verdicts_total", scope="s", verdict="retry_exhausted") == 1
+    backoffs = [e for e in recorder.of(WaitEvent) if e.cause == "backoff"]
+    assert backoffs
+    assert value(registry, "polygate_waits_total", scope="s", cause="backoff") == len(backoffs)
+    assert value(
+        registry, "polygate_wait_seconds_total", scope="s", cause="backoff"
+    ) == pytest.approx(sum(e.seconds for e in backoffs))
+    exposed = generate_latest(registry).decode()
+    assert "PROMPT-7c1" not in exposed  # neither the payload nor a provider's reason
+
+
+def test_the_hook_counts_deferrals_and_source_alerts(
+    hook: PrometheusHook, registry: CollectorRegistry
+) -> None:
+    hook(DeferralEvent("s", "stalled", 1, 2.5, "park", 2.0))
+    hook(DeferralEvent("s", "stalled", 2, 5.0, "park", 2.0))
+    hook(DeferralEvent(None, "backend_error", 1, 1.0, "countdown"))
+    hook(SourceAlertEvent("a", "credentials rejected", 600.0))
+
+    deferrals = "polygate_deferrals_total"
+    assert value(registry, deferrals, scope="s", reason="stalled", strategy="park") == 2
+    assert value(registry, deferrals, scope="-", reason="backend_error", strategy="countdown") == 1
+    assert (
+        value(registry, "polygate_source_alerts_total", source="a", reason="credentials rejected")
+        == 1
+    )
+
+
+def test_a_second_hook_needs_a_registry_of_its_own(registry: CollectorRegistry) -> None:
+    PrometheusHook(registry)
+    with pytest.raises(ValueError, match="Duplicated"):
+        PrometheusHook(registry)
+    PrometheusHook(CollectorRegistry())
+
+
+# -- the collector -----------------------------------------------------------------------
+
+
+def fleet_config() -> GatewayConfig:
+    return parse_config(
+        {
+            "sources": {
+                "a": {"max_concurrency": 4, "breaker": {"failure_threshold": 1}},
+                "b": {"max_concurrency": 2},
+                "c": {"max_concurrency": 3, "aimd": {"initial_limit": 2}},
+            },
+            "scopes": {
+                "s": {"kind": "chat", "sources": ["a", "b"], "backoff_base_s": 1},
+                "t": {"kind": "chat", "sources": ["c"]},
+            },
+        }
+    )
+
+
+class ReadingClock:
+    """The test's virtual time, for a store on the collector's thread, which must not move it."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self._clock = clock
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    async def sleep(self, seconds: float) -> None:
+        raise AssertionError("the collector never sleeps")
+
+
+@pytest.fixture
+def collector_store(request: pytest.FixtureRequest, store: Store, clock: VirtualClock) -> Store:
+    """The store as an exporter sees it: for Redis, a client of its own on the same keys."""
+    if isinstance(store, RedisStore):
+        url = request.getfixturevalue("redis_url")
+        return RedisStore.from_url(url, prefix=store.keys.prefix, clock=ReadingClock(clock))
+    return store
+
+
+async def test_the_collector_reports_the_store_state(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store, collector_store: Store
+) -> None:
+    config = fleet_config()
+    a = ScriptedSource(clock, [steps.server_error()])
+    b = ScriptedSource(clock, [steps.ok()])
+    c = ScriptedSource(clock, [])
+    gw = gateway(config, {"a": a, "b": b, "c": c})
+    await gw.call("s", "x")  # a fails (its breaker opens), b succeeds
+    clock.advance(5)
+    await store.pause_source("b", 30)
+    held = await store.admit(AdmitRequest("t", (source_terms(config, "c"),), "p1"))
+    assert isinstance(held, Grant)
+
+    collector = GovernanceCollector(config, store=collector_store)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        assert value(registry, "polygate_store_up") == 1
+        for name, cap, limit, in_use, breaker, failures, paused in [
+            ("a", 4, 4, 0, 2, 1, 0),
+            ("b", 2, 2, 0, 0, 0, 30),
+            ("c", 3, 2, 1, 0, 0, 0),
+        ]:
+            assert value(registry, "polygate_permit_cap", source=name) == cap
+            assert value(registry, "polygate_permit_limit", source=name) == limit
+            assert value(registry, "polygate_permits_in_use", source=name) == in_use
+            assert value(registry, "polygate_breaker_state", source=name) == breaker
+            assert value(registry, "polygate_breaker_failures", source=name) == failures
+            paused_s = value(registry, "polygate_source_paused_seconds", source=name)
+            assert paused_s == pytest.approx(paused)
+        age = value(registry, "polygate_scope_progress_age_seconds", scope="s")
+        assert age == pytest.approx(5)
+        assert value(registry, "polygate_scope_progress_age_seconds", scope="t") == math.inf
+    finally:
+        collector.close()
+
+
+async def test_the_collector_reports_parking_lots(redis_url: str) -> None:
+    store = RedisStore.from_url(redis_url, prefix=unique_prefix())
+    lot = store.keys.parked("pipeline")
+    seconds, _ = await store.client.time()
+    await store.client.zadd(lot, {"t1:1": seconds - 10, "t2:1": seconds + 600})
+    await store.client.hset(f"{lot}:msg", mapping={"t1:1": "{}", "t2:1": "{}"})
+    config = make_config()
+    found = GovernanceCollector(
+        config, store=RedisStore.from_url(redis_url, prefix=store.keys.prefix)
+    )
+    named = GovernanceCollector(
+        config,
+        store=RedisStore.from_url(redis_url, prefix=store.keys.prefix),
+        apps=["pipeline", "other"],
+    )
+    try:
+        for collector in (found, named):
+            registry = CollectorRegistry()
+            registry.register(collector)
+            assert value(registry, "polygate_parked_tasks", app="pipeline") == 2
+            assert value(registry, "polygate_parked_due_tasks", app="pipeline") == 1
+        samples = [s for m in found.collect() for s in m.samples if "parked" in s.name]
+        assert {s.labels["app"] for s in samples} == {"pipeline"}  # not :msg, not :claim
+        registry = CollectorRegistry()
+        registry.register(named)
+        assert value(registry, "polygate_parked_tasks", app="other") == 0
+    finally:
+        found.close()
+        named.close()
+        await store.client.delete(lot, f"{lot}:msg")
+        await store.aclose()
+
+
+def test_a_store_that_does_not_answer_is_reported_not_raised() -> None:
+    config = make_config()
+    store = RedisStore.from_url(
+        "redis://127.0.0.1:1/0", socket_timeout_s=0.5, connect_timeout_s=0.5
+    )
+    collector = GovernanceCollector(config, store=store)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        assert value(registry, "polygate_store_up") == 0
+        assert value(registry, "polygate_permits_in_use", source="a") is None
+    finally:
+        collector.close()
+
+
+# -- multiprocess mode and the optional extra --------------------------------------------
+
+WRITER = """
+import json, sys
+from polygate_celery.core.outcome import AttemptRecord
+from polygate_celery.metrics import PrometheusHook
+from polygate_celery.telemetry import AttemptEvent, DeferralEvent
+hook = PrometheusHook()
+for n in range(int(sys.argv[1])):
+    hook(AttemptEvent("s", 1, AttemptRecord("a", "success", 0.1, 0.0)))
+hook(DeferralEvent("s", "stalled", 1, 2.0, "park"))
+"""
+
+
+def test_counters_of_several_processes_add_up_in_multiprocess_mode(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for count in (2, 3):
+        done = subprocess.run(
+            [sys.executable, "-c", WRITER, str(count)], cwd=ROOT, env=env, check=False
+        )
+        assert done.returncode == 0
+    assert len(list(tmp_path.glob("counter_*.db"))) == 2  # one file per process
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))
+    attempts = {"scope": "s", "source": "a", "outcome": "success"}
+    assert registry.get_sample_value("polygate_attempts_total", attempts) == 5
+    deferrals = {"scope": "s", "reason": "stalled", "strategy": "park"}
+    assert registry.get_sample_value("polygate_deferrals_total", deferrals) == 2
+
+
+def test_without_the_extra_the_import_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, "polygate_celery.metrics")
+    with pytest.raises(ImportError, match=r"pip install 'polygate_celery\[prometheus\]'"):
+        importlib.import_module("polygate_celery.metrics")
