@@ -186,15 +186,33 @@ def _worker_env(root: Path, redis_url: str, provider_url: str) -> dict[str, str]
 
 
 def _send(root: Path, env: dict[str, str], documents: int, pages: int) -> tuple[Any, Tracker]:
-    os.environ.update(env)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    tasks = importlib.import_module("examples.pipeline.tasks")
+    tasks = _import_tasks(env)
     tracker = Tracker()
     for document in range(documents):
         canvas = tasks.process(f"doc-{document}", page_images(document, pages), tracker.name)
         canvas.apply_async()
     return tasks.app, tracker
+
+
+def _import_tasks(env: dict[str, str]) -> Any:
+    """The example's tasks module, configured by `env` as the worker's is.
+
+    The module reads its configuration when imported, so it is imported afresh
+    under `env`, which is then taken back out of this process's environment.
+    """
+    saved = {name: os.environ.get(name) for name in env}
+    sys.modules.pop("examples.pipeline.tasks", None)
+    os.environ.update(env)
+    try:
+        return importlib.import_module("examples.pipeline.tasks")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _watch(

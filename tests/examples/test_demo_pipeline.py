@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 
+from polygate_celery.cli import main
 from polygate_celery.pipeline_demo import DemoError, run
 
 
@@ -14,7 +18,9 @@ def test_the_demo_accounts_for_every_task_on_an_embedded_redis(
 ) -> None:
     monkeypatch.delenv("POLYGATE_REDIS_URL", raising=False)  # as on a machine without Redis
     out = io.StringIO()
+    environment = dict(os.environ)
     assert run(documents=6, pages=2, out=out, outage=(0.5, 7.5), timeout_s=120) == 0
+    assert dict(os.environ) == environment  # the workers' settings stay theirs
     text = out.getvalue()
     assert "an embedded server" in text
     assert "30 of 30 tasks accounted for" in text  # 12 OCR + 12 embed + 6 summaries
@@ -25,3 +31,36 @@ def test_the_demo_accounts_for_every_task_on_an_embedded_redis(
 def test_an_unreachable_redis_given_explicitly_is_one_clear_error() -> None:
     with pytest.raises(DemoError, match=r"cannot reach Redis at 127\.0\.0\.1:1$"):
         run(documents=1, redis_url="redis://127.0.0.1:1/0")
+
+
+def test_the_command_reports_an_unreachable_redis_in_one_line() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polygate_celery",
+            "demo",
+            "--redis-url",
+            "redis://:pw@127.0.0.1:1/0",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr == "error: cannot reach Redis at 127.0.0.1:1\n"  # no password, no trace
+
+
+def test_the_command_runs_the_pipeline_demo(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: dict[str, object] = {}
+
+    def recorded(**options: object) -> int:
+        seen.update(options)
+        return 0
+
+    monkeypatch.setattr("polygate_celery.pipeline_demo.run", recorded)
+    assert main(["demo", "--documents", "3", "--pages", "2", "--timeout", "90"]) == 0
+    assert seen == {"documents": 3, "pages": 2, "redis_url": None, "timeout_s": 90.0}

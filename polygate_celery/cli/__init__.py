@@ -1,0 +1,51 @@
+"""Edge: the `polygate-celery` command line, one module per command.
+
+``demo`` runs the demonstration; ``status``, ``check-config`` and ``source``
+are the operator's commands. A user's mistake (a bad argument, an invalid
+configuration, an unreachable Redis, an unknown name) ends as one ``error:``
+line on stderr and exit status 2, never a traceback; nothing printed holds a
+secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from polygate_celery import __version__
+from polygate_celery.cli import check_config, demo, source, status
+from polygate_celery.cli.errors import ArgumentParser, CliError, report
+
+INTERRUPTED = 130
+BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that left
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="polygate-celery", description="Governed AI model calls from Celery workers."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in (demo, status, check_config, source):
+        command.add_command(commands)
+    return run_command(parser.parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a command: its mistakes are one line each, Ctrl-C is quiet."""
+    try:
+        code: int = args.run(args)
+    except CliError as error:
+        return report(error)
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

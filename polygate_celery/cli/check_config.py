@@ -1,0 +1,191 @@
+"""Edge (CLI): `polygate-celery check-config FILE`, the configuration as workers will see it.
+
+Validates the file (with ``POLYGATE_*`` environment variables on top, as
+`load_config` reads it), prints every scope and source with its settings
+resolved (defaults merged, derived values computed, secrets redacted), the
+settings `configure_worker` would apply, and the warnings with their reasons.
+Connects nowhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, SecretStr
+
+from polygate_celery.cli.config_warnings import Advice, config_warnings
+from polygate_celery.cli.context import config_error
+from polygate_celery.cli.errors import Commands
+from polygate_celery.cli.redaction import MASK, redact_url
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.config.loading import load_config
+from polygate_celery.core.policy import policy_for
+from polygate_celery.errors import ConfigError
+
+Entry = tuple[str, Any, str]  # key, value (None: unset), comment
+
+
+def add_command(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "check-config", help="validate a configuration and show what it resolves to"
+    )
+    parser.add_argument("file", metavar="FILE", help="the TOML configuration file")
+    parser.add_argument(
+        "--calls-per-task",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="governed calls one task makes, for the time limits (default 1)",
+    )
+    parser.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        raise config_error(exc) from None
+    print(f"# {args.file}: valid. The effective configuration (the file, then POLYGATE_*")
+    print("# environment variables; defaults merged; secrets redacted):\n")
+    print(effective_configuration(config))
+    print()
+    print(worker_section(config, args.calls_per_task))
+    print()
+    print(warnings_text(config_warnings(config)))
+    return 0
+
+
+def effective_configuration(config: GatewayConfig) -> str:
+    url = config.store.redis_url
+    sections = [
+        _section(None, [("include_bodies", config.include_bodies, "")]),
+        _section(
+            "store",
+            _entries(
+                config.store,
+                {
+                    "redis_url": (
+                        redact_url(url.get_secret_value()) if url else None,
+                        "" if url else "in-memory store: one process only",
+                    )
+                },
+            ),
+        ),
+        _section("deferral", _entries(config.deferral)),
+    ]
+    for name, source in config.sources.items():
+        resolved: dict[str, tuple[Any, str]] = {
+            "stream": (source.ttft_timeout_s is not None, "unset: streams when ttft_timeout_s is"),
+            "aimd.initial_limit": (source.max_concurrency, "unset: the cap"),
+        }
+        if source.quota is not None:
+            shared = config.quotas[source.quota]
+            limits = ", ".join(
+                f"{k} {v}" for k, v in (("rpm", shared.rpm), ("tpm", shared.tpm)) if v
+            )
+            notes = {"quota": f"shared: {limits or 'no limit'}"}
+        else:
+            notes = {}
+        sections.append(_section(f"sources.{name}", _entries(source, resolved, notes)))
+    for name, quota in config.quotas.items():
+        sections.append(_section(f"quotas.{name}", _entries(quota)))
+    for name, scope in config.scopes.items():
+        default_exempt = policy_for(scope.kind).rate_limit_exempt
+        resolved = {
+            "max_call_s": (
+                config.max_call_s(name),
+                "derived: max_attempts x largest timeout_s + 2 x stall_window_s",
+            ),
+            "rate_limit_exempt": (default_exempt, f"the default for {scope.kind}"),
+        }
+        sections.append(_section(f"scopes.{name}", _entries(scope, resolved)))
+    return "\n\n".join(s for s in sections if s)
+
+
+def worker_section(config: GatewayConfig, calls_per_task: int) -> str:
+    """What `configure_worker` applies, computed on a throwaway Celery app (no connection)."""
+    try:
+        from celery import Celery  # noqa: PLC0415 - the celery extra is optional here
+
+        from polygate_celery.celery.worker import worker_settings  # noqa: PLC0415
+    except ImportError:
+        return "# worker settings: not computed (pip install 'polygate_celery[celery]')"
+    app = Celery("polygate-check-config", set_as_current=False)
+    try:
+        settings = worker_settings(app, config, calls_per_task=calls_per_task)
+    except ConfigError as exc:
+        raise config_error(exc) from None
+    note = f"what configure_worker(app, config, calls_per_task={calls_per_task}) sets"
+    return _section("worker", [(key, value, "") for key, value in settings.items()], note)
+
+
+def warnings_text(advice: list[Advice]) -> str:
+    if not advice:
+        return "no warnings"
+    lines = [f"{len(advice)} warning{'s' if len(advice) > 1 else ''}:"]
+    for item in advice:
+        lines.append(f"- {item.what}")
+        lines += textwrap.wrap(item.why, 88, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines)
+
+
+def _entries(
+    model: BaseModel,
+    resolved: Mapping[str, tuple[Any, str]] | None = None,
+    notes: Mapping[str, str] | None = None,
+    prefix: str = "",
+) -> list[Entry]:
+    """`model`'s fields as dotted keys; an unset (or secret) field `resolved` names shows its value.
+
+    Any other secret shows as ``***``: a secret field added later is redacted too.
+    `notes` comment on fields that are set.
+    """
+    resolved, notes = resolved or {}, notes or {}
+    entries: list[Entry] = []
+    for field in type(model).model_fields:
+        key, value = f"{prefix}{field}", getattr(model, field)
+        if isinstance(value, BaseModel):
+            entries += _entries(value, resolved, notes, f"{key}.")
+        elif key in resolved and (value is None or isinstance(value, SecretStr)):
+            entries.append((key, *resolved[key]))
+        elif isinstance(value, SecretStr):
+            entries.append((key, MASK, "redacted"))
+        else:
+            entries.append((key, value, notes.get(key, "") if value is not None else ""))
+    return entries
+
+
+def _section(title: str | None, entries: list[Entry], note: str = "") -> str:
+    shown = [(key if value is not None else f"# {key}", value, c) for key, value, c in entries]
+    width = max((len(key) for key, _, _ in shown), default=0)
+    lines = [f"[{title}]" + (f"  # {note}" if note else "")] if title else []
+    for key, value, comment in shown:
+        text = "(unset)" if value is None else _value(value)
+        lines.append(f"{key.ljust(width)} = {text}" + (f"  # {comment}" if comment else ""))
+    return "\n".join(lines)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return json.dumps(str(value))

@@ -1,0 +1,95 @@
+"""Edge (CLI): what the commands share: the configuration they read and the store they open.
+
+The configuration comes from ``--config``, else ``$POLYGATE_CONFIG``, with
+``POLYGATE_*`` environment variables on top (as workers load it). Commands that
+act on the fleet open the configured Redis store, after checking it answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+
+from polygate_celery.cli.errors import CliError
+from polygate_celery.cli.redaction import redis_address, scrub, url_secrets
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
+from polygate_celery.errors import ConfigError, GovernanceBackendError
+from polygate_celery.store.redis import RedisStore
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"configuration file (default: ${CONFIG_PATH_ENV})",
+    )
+
+
+def config_error(exc: ConfigError) -> CliError:
+    """The one line that says what is wrong with the configuration, by field path."""
+    if exc.field == "<file>":
+        return CliError(exc.message)
+    problems = "; ".join(f"{path}: {message}" for path, message in exc.problems)
+    return CliError(f"invalid configuration: {problems}")
+
+
+def load(path: str | None) -> GatewayConfig:
+    """The configuration at `path` (else ``$POLYGATE_CONFIG``) and the environment."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        raise config_error(exc) from None
+    if not config.scopes and not config.sources and path is None:
+        raise CliError(f"no configuration: give --config FILE or set {CONFIG_PATH_ENV}")
+    return config
+
+
+def known(name: str, names: Iterable[str], what: str) -> str:
+    """`name`, if it is one of `names`; else the mistake, with the names there are."""
+    names = sorted(names)
+    if name not in names:
+        listed = ", ".join(names) or "none"
+        raise CliError(f"unknown {what} {name!r} (configured: {listed})")
+    return name
+
+
+@asynccontextmanager
+async def shared_store(config: GatewayConfig, command: str) -> AsyncIterator[RedisStore]:
+    """The fleet's Redis store, answering; every Redis failure inside becomes a `CliError`."""
+    secret_url = config.store.redis_url
+    if secret_url is None:
+        raise CliError(
+            f"{command} needs store.redis_url: the in-memory store lives inside one "
+            "process, so there is no fleet state to reach"
+        )
+    url = secret_url.get_secret_value()
+    where = redis_address(url)
+    secrets = url_secrets(url)
+    try:
+        store = RedisStore.from_url(
+            url,
+            socket_timeout_s=config.store.socket_timeout_s,
+            connect_timeout_s=config.store.connect_timeout_s,
+            prefix=config.store.key_prefix,
+            lease_s=config.store.lease_s,
+        )
+    except ValueError as exc:
+        raise CliError(f"store.redis_url is not a Redis URL: {scrub(str(exc), *secrets)}") from None
+    try:
+        try:
+            await store.client.ping()
+        except AuthenticationError:
+            raise CliError(f"Redis at {where} refused the credentials in store.redis_url") from None
+        except ResponseError as exc:
+            raise CliError(f"Redis at {where} refused: {scrub(str(exc), *secrets)}") from None
+        except (RedisError, OSError) as exc:
+            raise CliError(f"cannot reach Redis at {where}: {scrub(str(exc), *secrets)}") from None
+        yield store
+    except (GovernanceBackendError, RedisError, OSError) as exc:
+        raise CliError(f"Redis at {where} failed: {scrub(str(exc), *secrets)}") from None
+    finally:
+        await store.aclose()

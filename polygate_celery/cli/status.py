@@ -1,0 +1,167 @@
+"""Edge (CLI): `polygate-celery status`, the fleet's governance state at a glance.
+
+Per scope: the age of its last success and its gate; per source: permits in
+use, the adaptive (AIMD) limit and the cap, breaker, pause and quota use; then
+the Celery parking lots. ``--watch`` redraws until Ctrl-C, on one connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+from asyncio import sleep
+
+from polygate_celery.cli.context import add_config_option, known, load, shared_store
+from polygate_celery.cli.errors import Commands
+from polygate_celery.cli.redaction import redis_address
+from polygate_celery.cli.status_report import (
+    ScopeReading,
+    SourceReading,
+    StatusReading,
+    read_status,
+)
+from polygate_celery.cli.tables import amount, duration, table
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.store.redis import RedisStore
+
+DEFAULT_WATCH_S = 2.0
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def add_command(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "status", help="show permits, limits, breakers, pauses, quotas and parked tasks"
+    )
+    add_config_option(parser)
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        type=_interval,
+        const=DEFAULT_WATCH_S,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {DEFAULT_WATCH_S:g}) until Ctrl-C",
+    )
+    parser.add_argument(
+        "--app",
+        metavar="NAME",
+        help="the Celery app's main name whose parked tasks to count "
+        "(default: every app's lot under the key prefix)",
+    )
+    parser.add_argument(
+        "--scope", action="append", metavar="NAME", help="show only this scope (repeatable)"
+    )
+    parser.set_defaults(run=run)
+
+
+def _interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(seconds) and seconds >= 0.1):
+        raise argparse.ArgumentTypeError("the interval must be at least 0.1 s")
+    return seconds
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    scopes = [known(s, config.scopes, "scope") for s in args.scope or config.scopes]
+    try:
+        asyncio.run(_show(config, scopes, args.app, args.watch))
+    except KeyboardInterrupt:
+        if args.watch is None:
+            raise
+        print()
+    return 0
+
+
+async def _show(
+    config: GatewayConfig, scopes: list[str], app: str | None, every_s: float | None
+) -> None:
+    async with shared_store(config, "status") as store:
+        tty = sys.stdout.isatty()
+        while True:
+            reading = await read_status(store, config, scopes, app)
+            text = render(reading, store, config)
+            if every_s is None:
+                print(text)
+                return
+            footer = f"every {every_s:g}s, Ctrl-C to stop"
+            print(f"{CLEAR_SCREEN if tty else ''}{text}\n\n{footer}\n", flush=True)
+            await sleep(every_s)
+
+
+def render(reading: StatusReading, store: RedisStore, config: GatewayConfig) -> str:
+    """The reading as plain text tables (no colours: it may go to a file or a pipe)."""
+    assert config.store.redis_url is not None
+    where = redis_address(config.store.redis_url.get_secret_value())
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    parts = [f"polygate-celery status  redis {where}  prefix {store.keys.prefix}  {stamp}"]
+    if not reading.scopes:
+        parts.append("no scopes configured")
+    else:
+        parts.append(_scopes_table(reading.scopes))
+        parts.append(_sources_table(reading.scopes))
+    parts.append(_lots_table(reading))
+    return "\n\n".join(parts)
+
+
+def _scopes_table(scopes: tuple[ScopeReading, ...]) -> str:
+    rows = [
+        [
+            s.name,
+            s.kind,
+            "none in 1h" if math.isinf(s.progress_age_s) else f"{duration(s.progress_age_s)} ago",
+            f"closed {duration(s.gate_closed_for_s)}" if s.gate_closed_for_s > 0 else "open",
+        ]
+        for s in scopes
+    ]
+    return table(["SCOPE", "KIND", "LAST SUCCESS", "GATE"], rows, numeric=set())
+
+
+def _sources_table(scopes: tuple[ScopeReading, ...]) -> str:
+    rows = []
+    for scope in scopes:
+        for i, source in enumerate(scope.sources):
+            state = source.state
+            rows.append(
+                [
+                    scope.name if i == 0 else "",
+                    state.name,
+                    str(state.permits_in_use),
+                    str(state.permit_limit),
+                    str(source.cap),
+                    state.breaker,
+                    str(state.breaker_failures),
+                    duration(state.paused_for_s) if state.paused_for_s > 0 else "-",
+                    _quota_use(source),
+                ]
+            )
+    headers = ["SCOPE", "SOURCE", "IN USE", "LIMIT", "CAP", "BREAKER", "FAILS", "PAUSED", "QUOTA"]
+    return table(headers, rows, numeric={2, 3, 4, 6})
+
+
+def _quota_use(source: SourceReading) -> str:
+    use = source.quota
+    if use is None:
+        return "-"
+    parts = []
+    for label, used, limit in (
+        ("rpm", use.requests_used, source.rpm),
+        ("tpm", use.tokens_used, source.tpm),
+    ):
+        if used is not None and limit is not None:
+            parts.append(f"{label} {amount(used)}/{amount(limit)} {100 * used / limit:.0f}%")
+    shared = use.name.removeprefix("shared:")
+    where = f" ({shared})" if shared != use.name else ""
+    return ", ".join(parts) + where
+
+
+def _lots_table(reading: StatusReading) -> str:
+    if not reading.lots:
+        return "parked tasks: none"
+    rows = [[lot.app, str(lot.parked), str(lot.due)] for lot in reading.lots]
+    return table(["PARKED (APP)", "ENTRIES", "DUE NOW"], rows, numeric={1, 2})

@@ -1,0 +1,109 @@
+"""Edge (CLI): one reading of the fleet's governance state, for `polygate-celery status`.
+
+Everything is read from the store's own operations (snapshots, progress age,
+the gate, quota use) in the store's clock, and the Celery parking lots from
+their keys (``{prefix}:v1:parked:<app>``: a sorted set of entry -> due time; an
+entry a releaser is publishing counts as due again only once its claim's lease
+ends). Nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.governance.plan import source_terms
+from polygate_celery.store.base import QuotaSnapshot, SourceSnapshot
+from polygate_celery.store.redis import RedisStore
+
+
+@dataclass(frozen=True, slots=True)
+class SourceReading:
+    state: SourceSnapshot
+    cap: int
+    rpm: int | None
+    tpm: int | None
+    quota: QuotaSnapshot | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeReading:
+    name: str
+    kind: str
+    progress_age_s: float
+    gate_closed_for_s: float
+    sources: tuple[SourceReading, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LotReading:
+    """A Celery app's parking lot: entries parked, and how many of them are due now."""
+
+    app: str
+    parked: int
+    due: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReading:
+    scopes: tuple[ScopeReading, ...]
+    lots: tuple[LotReading, ...]
+
+
+async def read_status(
+    store: RedisStore, config: GatewayConfig, scopes: Sequence[str], app: str | None
+) -> StatusReading:
+    """The state of `scopes` and their sources, and of `app`'s lot (every app's when None)."""
+    sources: dict[str, SourceReading] = {}
+    readings = []
+    for name in scopes:
+        scope = config.scopes[name]
+        for source in scope.sources:
+            if source not in sources:
+                sources[source] = await _read_source(store, config, source)
+        readings.append(
+            ScopeReading(
+                name=name,
+                kind=scope.kind,
+                progress_age_s=await store.progress_age_s(name),
+                gate_closed_for_s=await store.gate_closed_for_s(name),
+                sources=tuple(sources[s] for s in scope.sources),
+            )
+        )
+    return StatusReading(tuple(readings), await _read_lots(store, app))
+
+
+async def _read_source(store: RedisStore, config: GatewayConfig, name: str) -> SourceReading:
+    terms = source_terms(config, name)
+    quota = terms.quota
+    return SourceReading(
+        state=await store.snapshot(terms),
+        cap=terms.max_concurrency,
+        rpm=quota.rpm if quota else None,
+        tpm=quota.tpm if quota else None,
+        quota=await store.quota_snapshot(quota) if quota else None,
+    )
+
+
+async def _read_lots(store: RedisStore, app: str | None) -> tuple[LotReading, ...]:
+    client = store.client
+    if app is not None:
+        apps = [app]
+    else:
+        prefix = store.keys.parked("")
+        found = client.scan_iter(match=f"{prefix}*", _type="ZSET", count=500)
+        apps = sorted({str(key)[len(prefix) :] async for key in found})
+    if not apps:
+        return ()
+    seconds, micros = await client.time()
+    now = seconds + micros / 1_000_000
+    lots = []
+    for name in apps:
+        lot = store.keys.parked(name)
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.zcard(lot)
+            pipe.zcount(lot, "-inf", now)
+            parked, due = await pipe.execute()
+        lots.append(LotReading(name, int(parked), int(due)))
+    return tuple(lots)

@@ -1,0 +1,139 @@
+"""`polygate-celery status`: the fleet's state read from a real Redis, once or every N seconds."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from polygate_celery.cli import status
+from polygate_celery.cli.redaction import redis_address
+from polygate_celery.core.breaker import Effect
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store import AdmitRequest, Grant, Settlement
+from polygate_celery.store.redis import RedisStore
+from tests.unit.cli.conftest import Cli, Fleet
+
+VLLM = SourceTerms("vllm", 8)
+
+
+async def busy_fleet(store: RedisStore) -> None:
+    """Two permits held at vllm and a halved limit, hosted's breaker open, embed gated."""
+    for permit in ("held-1", "held-2"):
+        await store.admit(AdmitRequest("summarise", (VLLM,), permit))
+    grant = await store.admit(AdmitRequest("summarise", (VLLM,), "congested"))
+    assert isinstance(grant, Grant)
+    await store.settle(
+        Settlement("summarise", VLLM, "congested", grant.admitted_at, Effect.NEUTRAL, True)
+    )
+    hosted = SourceTerms("hosted", 4)
+    for i in range(5):
+        grant = await store.admit(AdmitRequest("summarise", (hosted,), f"failing-{i}"))
+        assert isinstance(grant, Grant)
+        await store.settle(
+            Settlement("summarise", hosted, f"failing-{i}", grant.admitted_at, Effect.FAILURE)
+        )
+    await store.pause_source("embedder", 600)
+    await store.close_gate("embed", 900)
+    await store.mark_progress("summarise")
+
+
+def row(out: str, *first: str) -> list[str]:
+    """The cells of the table row that starts with `first`."""
+    for line in out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[: len(first)] == list(first):
+            return cells
+    raise AssertionError(f"no row {first} in:\n{out}")
+
+
+def test_status_shows_each_scope_and_its_sources(cli: Cli, fleet: Fleet) -> None:
+    fleet.run(busy_fleet)
+    ran = cli("status", "--config", fleet.path)
+    assert (ran.code, ran.err) == (0, "")
+    out = ran.out
+    assert f"redis {redis_address(fleet.url)}  prefix {fleet.prefix}" in out
+    assert row(out, "summarise", "chat")[2].endswith("s ago")
+    assert row(out, "embed", "embedding")[2:] == ["none in 1h", "closed 15m00s"]
+    # IN USE, LIMIT (AIMD), CAP, BREAKER, FAILS, PAUSED, QUOTA
+    assert row(out, "summarise", "vllm")[2:8] == ["2", "4", "8", "closed", "0", "-"]
+    hosted = row(out, "hosted")
+    assert hosted[1:7] == ["0", "4", "4", "open", "5", "-"]
+    assert re.fullmatch(r"rpm \d/90 \d+% \(provider\)", hosted[7]), hosted
+    embedder = row(out, "embed", "embedder")
+    assert embedder[7] == "10m00s"
+    assert embedder[8] == "rpm 0/600 0%, tpm 0/100k 0%"
+    assert "parked tasks: none" in out
+
+
+def test_quota_use_is_what_the_minute_has_spent(cli: Cli, fleet: Fleet) -> None:
+    async def spend(store: RedisStore) -> None:
+        terms = SourceTerms("embedder", 8, quota=QuotaTerms("source:embedder", 600, 100_000))
+        for i in range(6):
+            await store.admit(AdmitRequest("embed", (terms,), f"e{i}", est_tokens=5000))
+
+    fleet.run(spend)
+    quota = row(cli("status", "--config", fleet.path).out, "embed", "embedder")[8]
+    found = re.fullmatch(r"rpm (\d)/600 \d%, tpm ([\d.]+)k/100k (\d+)%", quota)
+    assert found is not None, quota
+    assert 0 <= int(found[1]) <= 6  # 600 rpm refills ten a second
+    assert 25 <= float(found[2]) <= 30  # 30k tokens reserved, refilling 1.7k a second
+    assert 25 <= int(found[3]) <= 30
+
+
+def test_the_parked_backlog_counts_entries_and_those_due(cli: Cli, fleet: Fleet) -> None:
+    async def park(store: RedisStore) -> None:
+        now = float((await store.client.time())[0])
+        due = {f"task-{i}:1": now - 10 for i in range(3)}
+        later = {f"task-{i}:1": now + 600 for i in range(3, 8)}
+        await store.client.zadd(store.keys.parked("tasks"), {**due, **later})
+        await store.client.zadd(store.keys.parked("other.app"), {"x:1": now + 60})
+
+    fleet.run(park)
+    out = cli("status", "--config", fleet.path).out
+    assert row(out, "tasks") == ["tasks", "8", "3"]
+    assert row(out, "other.app") == ["other.app", "1", "0"]
+    only = cli("status", "--config", fleet.path, "--app", "tasks").out
+    assert "other.app" not in only
+    assert row(only, "tasks") == ["tasks", "8", "3"]
+    assert row(cli("status", "--config", fleet.path, "--app", "idle").out, "idle")[1:] == [
+        "0",
+        "0",
+    ]
+
+
+def test_scope_narrows_the_view(cli: Cli, fleet: Fleet) -> None:
+    out = cli("status", "--config", fleet.path, "--scope", "embed").out
+    assert "embedder" in out
+    assert "summarise" not in out
+    assert "vllm" not in out
+
+
+def test_the_config_path_may_come_from_the_environment(
+    cli: Cli, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLYGATE_CONFIG", fleet.path)
+    assert "summarise" in cli("status").out
+
+
+def test_watch_redraws_until_ctrl_c_and_exits_0(
+    cli: Cli, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pauses: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status, "sleep", sleep)
+    ran = cli("status", "--config", fleet.path, "--watch")
+    assert (ran.code, ran.err) == (0, "")
+    assert pauses == [2.0, 2.0]
+    assert ran.out.count("SCOPE      KIND") == 2
+    assert ran.out.count("every 2s, Ctrl-C to stop") == 2
+    assert "\x1b[" not in ran.out  # not a terminal: frames one after another
+
+    pauses.clear()
+    assert cli("status", "--config", fleet.path, "--watch", "0.5").code == 0
+    assert pauses == [0.5, 0.5]
