@@ -39,7 +39,10 @@ def load_models(path: Path) -> dict[str, ModelBehaviour]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m polygate_celery.testing.simulator",
-        description="Serve a simulated OpenAI-compatible provider on 127.0.0.1.",
+        description="Serve a simulated OpenAI-compatible provider.",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)"
     )
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--config", type=Path, help="JSON: model name -> ModelBehaviour fields")
@@ -59,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    with SimulatedProvider(models, port=args.port, seed=args.seed) as provider:
+    with SimulatedProvider(models, port=args.port, seed=args.seed, host=args.host) as provider:
         print(provider.url, flush=True)
         print(f"models: {', '.join(models)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         with contextlib.suppress(KeyboardInterrupt):

@@ -23,7 +23,7 @@ _STOP_TIMEOUT_S = 10.0
 
 
 class SimulatedProvider:
-    """A real OpenAI-compatible HTTP server on 127.0.0.1, for the models given.
+    """A real OpenAI-compatible HTTP server (on 127.0.0.1 by default), for the models given.
 
     Use it as a context manager (``with`` or ``async with``)::
 
@@ -33,10 +33,16 @@ class SimulatedProvider:
     """
 
     def __init__(
-        self, models: Mapping[str, ModelBehaviour], *, port: int = 0, seed: int = 0
+        self,
+        models: Mapping[str, ModelBehaviour],
+        *,
+        port: int = 0,
+        seed: int = 0,
+        host: str = "127.0.0.1",
     ) -> None:
         self._simulator = Simulator(models, seed=seed)
         self._requested_port = port
+        self._host = host
         self._port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -100,7 +106,7 @@ class SimulatedProvider:
         try:
             try:
                 runner, self._port = loop.run_until_complete(
-                    self._simulator.start(self._requested_port)
+                    self._simulator.start(self._requested_port, self._host)
                 )
             except BaseException as exc:
                 failure.append(exc)

@@ -107,8 +107,8 @@ class Simulator:
             app.router.add_post(f"/v1{endpoint.path}", self._handler(endpoint))
         return app
 
-    async def start(self, port: int) -> tuple[web.AppRunner, int]:
-        """Listen on 127.0.0.1:`port` (0: any free port); the clock starts now."""
+    async def start(self, port: int, host: str = "127.0.0.1") -> tuple[web.AppRunner, int]:
+        """Listen on `host`:`port` (0: any free port); the clock starts now."""
         runner = web.AppRunner(
             self.application(),
             handler_cancellation=True,  # a client that leaves ends its stall
@@ -117,7 +117,7 @@ class Simulator:
         )
         await runner.setup()
         try:
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await web.TCPSite(runner, host, port).start()
         except BaseException:
             await runner.cleanup()
             raise

@@ -434,10 +434,11 @@ def test_behaviour_from_json_form_and_validation() -> None:
 # ---- command line and the optional dependency ----
 
 
-def test_cli_serves_the_configured_models(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", [[], ["--host", "0.0.0.0"]], ids=["loopback", "any-address"])
+def test_cli_serves_the_configured_models(tmp_path: Path, host: list[str]) -> None:
     config = tmp_path / "models.json"
     config.write_text(json.dumps({"cli-model": {"reply": "from the cli", "latency_s": [0, 0]}}))
-    command = [sys.executable, "-m", "polygate_celery.testing.simulator", "--port", "0"]
+    command = [sys.executable, "-m", "polygate_celery.testing.simulator", "--port", "0", *host]
     process = subprocess.Popen(
         [*command, "--config", str(config)],
         stdout=subprocess.PIPE,

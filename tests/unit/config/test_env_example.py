@@ -22,7 +22,13 @@ from polygate_celery.config import (
 
 ENV_EXAMPLE = Path(__file__).resolve().parents[3] / ".env.example"
 LINE = re.compile(r"^#\s*(POLYGATE_[A-Z0-9_]+)=(\S*)(?:\s+#\s*(.*))?$")
-TOP_LEVEL = {"POLYGATE_CONFIG", "POLYGATE_INCLUDE_BODIES"}  # not under a table
+# Not under a table; the POLYGATE_COMPOSE_* ones are read by docker-compose.yml only.
+TOP_LEVEL = {
+    "POLYGATE_CONFIG",
+    "POLYGATE_INCLUDE_BODIES",
+    "POLYGATE_COMPOSE_REDIS_PORT",
+    "POLYGATE_COMPOSE_FLOWER_PORT",
+}
 NESTED: dict[str, type[BaseModel]] = {"breaker": BreakerConfig, "aimd": AimdConfig}
 # Top-level table → (model under it, whether a name segment follows).
 TABLES: dict[str, tuple[type[BaseModel], bool]] = {
