@@ -49,7 +49,9 @@ class AllSourcesExhausted(GatewayUnavailableError):
     spent its stall budget), ``"retry_exhausted"`` (the call spent
     `max_attempts` budget-burning attempts), ``"fail_fast"`` (nothing was
     runnable and the caller asked not to wait) or ``"deadline"`` (the call hit
-    `max_call_s`). `retry_after_s` estimates when the scope can take work again.
+    `max_call_s`). `retry_after_s` estimates when the scope can take work again;
+    `rate_limited` says it is not an estimate but when rate limits reset (every
+    source was paused by a provider's Retry-After or waited for its quota).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class AllSourcesExhausted(GatewayUnavailableError):
         attempts: int = 0,
         last_error: str | None = None,
         trail: Sequence[AttemptRecord | dict[str, Any]] = (),
+        rate_limited: bool = False,
     ) -> None:
         if reason not in _REASONS:
             raise ValueError(f"unknown AllSourcesExhausted reason {reason!r}")
@@ -69,6 +72,7 @@ class AllSourcesExhausted(GatewayUnavailableError):
         self.attempts = int(attempts)
         self.last_error = last_error
         self.trail = _trail(trail)
+        self.rate_limited = bool(rate_limited)
         super().__init__(
             reason,
             scope,
@@ -76,6 +80,7 @@ class AllSourcesExhausted(GatewayUnavailableError):
             self.attempts,
             last_error,
             [r.as_dict() for r in self.trail],
+            self.rate_limited,
         )
 
     def __str__(self) -> str:

@@ -3,8 +3,9 @@
 A deferral re-enqueues the same task (id, args, kwargs, headers, links, chain
 and chord) to run after a delay, without touching Celery's retry count: the
 number of deferrals travels in a message header. The delay is the verdict's
-`retry_after_s`, grown per deferral, capped and stretched by a random jitter
-(never made shorter than the estimate). When the budget (`max_deferrals`,
+`retry_after_s`, grown per deferral (unless it is when rate limits reset),
+capped and stretched by a random jitter (never made shorter than the
+estimate). When the budget (`max_deferrals`,
 `max_defer_age_s`) is spent, the task fails with `DeferralBudgetExceeded`.
 """
 
@@ -35,6 +36,9 @@ from polygate_celery.errors import (
 )
 from polygate_celery.telemetry import DeferralEvent
 
+# The most a deferral waiting for a rate-limit reset is stretched by the jitter.
+RESET_SPREAD_S = 1.0
+
 logger = logging.getLogger("polygate_celery")
 DEFERRALS = "polygate_deferrals"
 FIRST_DEFERRED_AT = "polygate_first_deferred_at"
@@ -59,8 +63,20 @@ class DeferralState:
         )
 
 
-def deferral_delay(retry_after_s: float, deferrals: int, config: DeferralConfig, u: float) -> float:
-    """``retry_after_s * growth**deferrals``, within [min, max], stretched by up to `jitter`."""
+def deferral_delay(
+    retry_after_s: float, deferrals: int, config: DeferralConfig, u: float, grow: bool = True
+) -> float:
+    """``retry_after_s * growth**deferrals``, within [min, max], stretched by up to `jitter`.
+
+    Without `grow`, for a `retry_after_s` that is when rate limits reset (not an
+    estimate), the delay is that reset, stretched by at most `RESET_SPREAD_S`:
+    the capacity frees at the reset, and a task that came back later (or grown
+    per deferral) would find it spent by others. Governance, not the deferral,
+    keeps the returning tasks from overrunning the provider.
+    """
+    if not grow:
+        base = min(config.max_delay_s, max(config.min_delay_s, retry_after_s))
+        return base + min(RESET_SPREAD_S, config.jitter * base) * u
     base = retry_after_s * config.growth ** min(deferrals, 64)
     base = min(config.max_delay_s, max(config.min_delay_s, base))
     return base * (1 + config.jitter * u)
@@ -97,7 +113,8 @@ def defer(
     estimate = verdict.retry_after_s if isinstance(verdict, AllSourcesExhausted) else 1.0
     if count > config.max_deferrals or now - first > config.max_defer_age_s:
         raise DeferralBudgetExceeded(reason, scope, state.count, now - first, estimate) from verdict
-    delay = deferral_delay(estimate, state.count, config, random.random())
+    reset = isinstance(verdict, AllSourcesExhausted) and verdict.rate_limited
+    delay = deferral_delay(estimate, state.count, config, random.random(), grow=not reset)
     headers = {**(task.request.headers or {}), DEFERRALS: count, FIRST_DEFERRED_AT: first}
     signature = task.signature_from_request(task.request, headers=headers)
     chosen = strategy or (config.strategy if runtime.redis is not None else "countdown")

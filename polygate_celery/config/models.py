@@ -222,11 +222,20 @@ class DeferralConfig(_Strict):
         description="park: a Redis parking lot, released when due (default); "
         "countdown: a Celery countdown (held by a worker until due)",
     )
-    growth: float = Field(2.0, ge=1, allow_inf_nan=False, description="delay factor per deferral")
+    growth: float = Field(
+        2.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="delay factor per deferral (not when waiting for a rate-limit reset)",
+    )
     min_delay_s: PositiveSeconds = Field(1.0, description="shortest deferral")
     max_delay_s: PositiveSeconds = Field(3600.0, description="longest deferral")
     jitter: float = Field(
-        0.25, ge=0, le=1, description="delays are stretched by up to this fraction, at random"
+        0.25,
+        ge=0,
+        le=1,
+        description="delays are stretched by up to this fraction, at random "
+        "(a rate-limit reset by 1 s at most)",
     )
     max_deferrals: int = Field(25, ge=0, description="deferrals before FAILURE")
     max_defer_age_s: PositiveSeconds = Field(

@@ -60,6 +60,7 @@ from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
 from polygate_celery.store.base import (
     AdmitRequest,
+    BlockReason,
     Denial,
     Grant,
     ReleaseWatch,
@@ -75,6 +76,8 @@ from polygate_celery.telemetry import (
 )
 
 logger = logging.getLogger("polygate_celery")
+# Blockers whose end is when a rate limit resets: a provider's Retry-After, a quota.
+RATE_LIMIT_BLOCKS: frozenset[BlockReason] = frozenset({"paused", "quota"})
 
 
 def _new_permit_ids() -> Iterator[str]:
@@ -138,6 +141,7 @@ class GovernedCall:
         self.excluded: set[str] = set()
         self.last_failure: dict[str, int] = {}
         self.reopen_at: float | None = None
+        self.reopen_is_reset = False  # reopen_at is when rate limits reset, not a guess
         self.last_error: str | None = None
         self.call_id = next(_permit_ids)
         self.gated = False
@@ -148,7 +152,7 @@ class GovernedCall:
         except AllSourcesExhausted as exc:
             self._emit_verdict(exc.reason, exc.retry_after_s)
             if exc.reason == "stalled" and self.rt.scope_gate and not self.gated:
-                await self._close_gate(exc.retry_after_s)
+                await self._close_gate(exc.retry_after_s, exc.rate_limited)
             raise
         except SourceFatalError as exc:
             self._emit_verdict("fatal", None, exc.source)
@@ -186,7 +190,7 @@ class GovernedCall:
                 )
                 if isinstance(admission, Denial):
                     if admission.gated_for_s is not None:
-                        self._refused_by_gate(admission.gated_for_s)
+                        self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
                     await self._on_no_runnable(admission, released)
                     continue
             outcome = await self._attempt(admission, asked_at)
@@ -205,6 +209,9 @@ class GovernedCall:
     async def _on_no_runnable(self, denial: Denial, released: ReleaseWatch) -> None:
         reopen_in_s = self._sane_hint(denial.reopen_in_s)
         self.reopen_at = None if reopen_in_s is None else self.rt.clock.now() + reopen_in_s
+        self.reopen_is_reset = reopen_in_s is not None and all(
+            reason in RATE_LIMIT_BLOCKS for _, reason in denial.blocked
+        )
         if self.fail_fast:
             raise self._exhausted("fail_fast")
         await self._raise_if_stalled()
@@ -357,15 +364,16 @@ class GovernedCall:
 
     # -- verdicts ----------------------------------------------------------------
 
-    def _refused_by_gate(self, gated_for_s: float) -> None:
+    def _refused_by_gate(self, gated_for_s: float, reset: bool) -> None:
         """The scope was judged stalled and another call is probing it: defer at once."""
         self.gated = True
         self.reopen_at = self.rt.clock.now() + gated_for_s
+        self.reopen_is_reset = reset
         raise self._exhausted("stalled")
 
-    async def _close_gate(self, seconds: float) -> None:
+    async def _close_gate(self, seconds: float, reset: bool) -> None:
         try:
-            await self.rt.store.close_gate(self.plan.name, seconds)
+            await self.rt.store.close_gate(self.plan.name, seconds, reset)
         except Exception:
             logger.warning("scope %r: closing its gate failed", self.plan.name, exc_info=True)
 
@@ -391,6 +399,7 @@ class GovernedCall:
             hint = self._sane_hint(outcome.retry_after_s)
             if hint is not None and not self._reopening_known():
                 self.reopen_at = self.rt.clock.now() + hint
+                self.reopen_is_reset = True
             if self.plan.policy.rate_limit_exempt:
                 return
         self.fails += 1
@@ -416,6 +425,7 @@ class GovernedCall:
             attempts=len(self.trail),
             last_error=self.last_error,
             trail=self.trail,
+            rate_limited=self.reopen_is_reset and self._reopening_known(),
         )
 
     def _retry_after_s(self) -> float:

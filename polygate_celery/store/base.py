@@ -61,12 +61,14 @@ class Denial:
     `reopen_in_s` is the soonest known time until one may be, or None when no
     blocker has a known end (every source is at capacity or probing).
     `gated_for_s` is set when the scope's gate refused the call: it stays
-    closed that much longer, unless a probe succeeds first.
+    closed that much longer, unless a probe succeeds first; `gated_reset` says
+    the gate was closed until rate limits reset (see `close_gate`).
     """
 
     reopen_in_s: float | None
     blocked: tuple[tuple[str, BlockReason], ...]
     gated_for_s: float | None = None
+    gated_reset: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +172,12 @@ class Store(Protocol):
         """Record a success in `scope` now (a success settled elsewhere, e.g. a reused result)."""
         ...
 
-    async def close_gate(self, scope: str, seconds: float) -> None:
-        """Close the scope's gate for `seconds` (a later close is kept); a success opens it."""
+    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
+        """Close the scope's gate for `seconds` (a later close is kept); a success opens it.
+
+        `reset` says the gate opens when rate limits reset (the closing verdict's
+        `rate_limited`); refused calls learn it from their `Denial`.
+        """
         ...
 
     async def pause_source(self, source: str, seconds: float) -> None:

@@ -54,6 +54,7 @@ class _SourceState:
 @dataclass
 class _Gate:
     until: float
+    reset: bool = False
     probe: str | None = None
     probe_until: float = -math.inf
 
@@ -111,7 +112,7 @@ class MemoryStore:
         if gate.probe in (None, request.call_id) or gate.probe_until <= now:
             gate.probe, gate.probe_until = request.call_id, now + request.probe_lease_s
             return None
-        return Denial(gate.until - now, (), gated_for_s=gate.until - now)
+        return Denial(gate.until - now, (), gated_for_s=gate.until - now, gated_reset=gate.reset)
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         now = self._clock.now()
@@ -199,11 +200,13 @@ class MemoryStore:
         """Record a success in `scope` now, as another worker's call would."""
         self._progress[scope] = self._clock.now()
 
-    async def close_gate(self, scope: str, seconds: float) -> None:
+    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
         now = self._clock.now()
         gate = self._gates.get(scope)
-        until = max(gate.until if gate else -math.inf, now + seconds)
-        self._gates[scope] = _Gate(until)
+        if gate is not None and gate.until > now + seconds:
+            self._gates[scope] = _Gate(gate.until, gate.reset)  # the later close is kept
+        else:
+            self._gates[scope] = _Gate(now + seconds, reset)
 
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())

@@ -11,7 +11,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from polygate_celery.celery import DEFERRED
 from polygate_celery.telemetry import AttemptEvent, DeferralEvent, VerdictEvent
 from polygate_celery.testing.simulator import SimulatedProvider
-from tests.celery.app import app, ask
+from tests.celery.app import app, ask, reset_twice
 from tests.celery.conftest import Worker, config_data
 from tests.celery.test_outcomes import pause, wait_for_state
 from tests.celery.workers import celery_worker
@@ -48,6 +48,16 @@ def test_a_deferral_is_an_event(governed_worker: Worker, recorder: Recorder) -> 
     )
     assert first.delay_s >= 0.2  # the configured min_delay_s
     assert first.retry_after_s is not None
+
+
+def test_a_rate_limit_reset_is_not_grown_per_deferral(
+    governed_worker: Worker, recorder: Recorder
+) -> None:
+    with governed_worker(hooks=[recorder]):
+        assert reset_twice.delay().get(timeout=30) == "done"
+    events = recorder.of(DeferralEvent)
+    assert [e.deferrals for e in events] == [1, 2]
+    assert all(0.3 <= e.delay_s <= 0.3 * 1.25 for e in events)  # growth would double the 2nd
 
 
 def test_prefork_pool_processes_count_into_one_multiprocess_directory(

@@ -24,7 +24,15 @@ TRAIL = (
 )
 
 FIELDS: dict[type[PolygateError], tuple[str, ...]] = {
-    AllSourcesExhausted: ("reason", "scope", "retry_after_s", "attempts", "last_error", "trail"),
+    AllSourcesExhausted: (
+        "reason",
+        "scope",
+        "retry_after_s",
+        "attempts",
+        "last_error",
+        "trail",
+        "rate_limited",
+    ),
     GovernanceBackendError: ("message", "scope"),
     SourceFatalError: ("reason", "scope", "source", "status", "trail"),
     ConfigError: ("field", "message", "problems"),
@@ -33,6 +41,7 @@ FIELDS: dict[type[PolygateError], tuple[str, ...]] = {
 EXAMPLES: list[PolygateError] = [
     AllSourcesExhausted("stalled", "summarise", 12.5, 3, "HTTP 503", TRAIL),
     AllSourcesExhausted("retry_exhausted", "embed", 1.0),
+    AllSourcesExhausted("stalled", "chat", 42.0, rate_limited=True),
     AllSourcesExhausted("fail_fast", "ocr", 30.0, attempts=0),
     AllSourcesExhausted("deadline", "s", 3600.0, 7, None, [r.as_dict() for r in TRAIL]),
     GovernanceBackendError("connection refused", "summarise"),
@@ -75,7 +84,7 @@ def test_survives_pickle(exc: PolygateError) -> None:
 
 def test_exhausted_args_are_in_constructor_order() -> None:
     exc = AllSourcesExhausted("stalled", "s", 5, 2, "boom", TRAIL)
-    assert exc.args == ("stalled", "s", 5.0, 2, "boom", [r.as_dict() for r in TRAIL])
+    assert exc.args == ("stalled", "s", 5.0, 2, "boom", [r.as_dict() for r in TRAIL], False)
 
 
 def test_exhausted_rejects_an_unknown_reason() -> None:

@@ -10,7 +10,7 @@ the old one::
                                             AIMD (limit, last_decrease), paused_until
     {p}:v1:quota:<group>            HASH    GCRA times: req (RPM), tok (TPM)
     {p}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
-    {p}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, probe
+    {p}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, reset, probe
     {p}:v1:released                 channel "<origin> <source>" on every release
     {p}:v1:parked:<app>             ZSET    deferred task entry -> due time (the Celery
                                             parking lot, per app; with :msg and :claim)

@@ -166,7 +166,7 @@ class RedisStore:
                 return Grant(str(reply[1]), request.permit_id, float(reply[2]), self.lease_s)
             if int(reply[0]) == 2:
                 gated = float(reply[1])
-                return Denial(gated, (), gated_for_s=gated)
+                return Denial(gated, (), gated_for_s=gated, gated_reset=str(reply[2]) == "1")
             self._listen_for_releases()  # someone here is about to wait
             reasons: list[tuple[str, BlockReason]] = [
                 (str(name), reason) for name, reason in zip(reply[2::2], reply[3::2], strict=True)
@@ -230,8 +230,9 @@ class RedisStore:
             "progress", [self.keys.progress(scope)], [self._now(), "mark", _fmt(PROGRESS_TTL_S)]
         )
 
-    async def close_gate(self, scope: str, seconds: float) -> None:
-        await self._run("gate", [self.keys.gate(scope)], [self._now(), "close", _fmt(seconds)])
+    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
+        args = [self._now(), "close", _fmt(seconds), "1" if reset else "0"]
+        await self._run("gate", [self.keys.gate(scope)], args)
 
     async def gate_closed_for_s(self, scope: str) -> float:
         reply = await self._run("gate", [self.keys.gate(scope)], [self._now(), "read"])

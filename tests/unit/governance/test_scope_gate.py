@@ -42,6 +42,41 @@ async def test_after_a_stall_new_calls_defer_at_once_while_one_probes(
     assert (await gw.call("s", "y")).value == "back"
 
 
+@pytest.mark.parametrize(("blocker", "reset"), [("pause", True), ("breaker", False)])
+async def test_a_call_the_gate_refuses_inherits_whether_it_waits_for_a_reset(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store, blocker: str, reset: bool
+) -> None:
+    """Refused at once, it still knows whether the reopening is a rate-limit reset
+    (no growth of its deferral) or an estimate such as a breaker's cooldown."""
+    if blocker == "pause":
+        source = ScriptedSource.always(clock, steps.ok())
+        await store.pause_source("a", 40)
+    else:
+        source = ScriptedSource.always(clock, steps.server_error(status=503))
+    config = make_config(
+        "chat",
+        {"a": {"breaker": {"failure_threshold": 1, "cooldown_s": 40}}},
+        stall_window_s=10,
+        max_attempts=5,
+    )
+    gw = gateway(config, {"a": source}, scope_gate=True)
+    with pytest.raises(AllSourcesExhausted) as first:
+        await gw.call("s", "x")
+    assert first.value.rate_limited is reset
+
+    async def refused() -> tuple[AllSourcesExhausted, float]:
+        started = clock.now()
+        with pytest.raises(AllSourcesExhausted) as caught:
+            await gw.call("s", "other")
+        return caught.value, clock.now() - started
+
+    _, (other, took) = await asyncio.gather(
+        verdict_and_time(gw.call("s", "probe"), clock), refused()
+    )
+    assert (other.reason, took) == ("stalled", 0.0)  # refused by the gate, at once
+    assert other.rate_limited is reset
+
+
 async def test_a_successful_probe_reopens_the_scope(
     clock: VirtualClock, gateway: GatewayFactory, store: Store
 ) -> None:

@@ -235,3 +235,48 @@ async def test_a_success_without_reported_usage_keeps_its_token_estimate(
     for _ in range(10):
         await gw.call("s", "x", est_tokens=600)
     assert clock.now() == pytest.approx(300.0, abs=1.0)  # not 0: the estimate was charged
+
+
+async def test_a_verdict_waiting_for_a_retry_after_says_it_is_a_rate_limit_reset(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    source = ScriptedSource.always(clock, steps.rate_limited(retry_after_s=60))
+    gw = gateway(make_config("chat", stall_window_s=10, poll_interval_s=1), {"a": source})
+
+    with pytest.raises(AllSourcesExhausted) as caught:
+        await gw.call("s", "x")
+
+    assert (caught.value.reason, caught.value.rate_limited) == ("stalled", True)
+
+
+async def test_a_verdict_waiting_for_a_quota_says_it_is_a_rate_limit_reset(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    source = ScriptedSource.always(clock, steps.ok())
+    gw = gateway(make_config("chat", {"a": {"rpm": 1}}), {"a": source})
+    await gw.call("s", "first")
+
+    with pytest.raises(AllSourcesExhausted) as caught:
+        await gw.call("s", "second", fail_fast=True)
+
+    assert caught.value.rate_limited is True
+    assert caught.value.retry_after_s == pytest.approx(60.0, abs=1.0)
+
+
+async def test_a_verdict_waiting_for_a_breaker_is_only_an_estimate(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    source = ScriptedSource.always(clock, steps.server_error(status=503))
+    config = make_config(
+        "chat",
+        {"a": {"breaker": {"failure_threshold": 1, "cooldown_s": 60}}},
+        stall_window_s=10,
+        max_attempts=5,
+    )
+    gw = gateway(config, {"a": source})
+
+    with pytest.raises(AllSourcesExhausted) as caught:
+        await gw.call("s", "x")
+
+    assert (caught.value.reason, caught.value.rate_limited) == ("stalled", False)
+    assert caught.value.retry_after_s > 10  # the cooldown's end: a probe, not a reset

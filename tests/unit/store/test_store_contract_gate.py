@@ -62,3 +62,24 @@ async def test_closing_again_keeps_the_later_time(h: Harness) -> None:
     refused = await admit(h, "other")
     assert isinstance(refused, Denial)
     assert refused.gated_for_s == pytest.approx(100)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+async def test_a_refused_call_learns_whether_the_gate_opens_as_rate_limits_reset(
+    h: Harness, reset: bool
+) -> None:
+    await h.store.close_gate("s", 30, reset)
+    await admit(h, "probe")
+    refused = await admit(h, "other")
+    assert isinstance(refused, Denial)
+    assert refused.gated_reset is reset
+
+
+async def test_the_later_close_decides_whether_it_is_a_reset(h: Harness) -> None:
+    await h.store.close_gate("s", 100, True)
+    await h.store.close_gate("s", 10, False)  # earlier: ignored
+    await admit(h, "probe")
+    assert (await admit(h, "other")).gated_reset is True  # type: ignore[union-attr]
+    await h.store.close_gate("s", 200, False)  # later: it decides
+    await admit(h, "probe")
+    assert (await admit(h, "other")).gated_reset is False  # type: ignore[union-attr]

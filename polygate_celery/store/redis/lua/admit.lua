@@ -7,7 +7,7 @@
 --                                                last_decrease paused_until
 --   KEYS[3i]    {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
 --                                                a placeholder key when the source has none
---   KEYS[3n+1]  {p}:v1:scope:<scope>:gate  HASH  until probe probe_until
+--   KEYS[3n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id (chosen by the caller: a repeated admit returns its first grant)
 -- ARGV[3]  lease seconds
@@ -19,7 +19,9 @@
 -- Returns  {1, name, admitted_at}                         a grant
 --          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota
---          {2, gated_for_s}                               refused by the scope's gate
+--          {2, gated_for_s, reset}                        refused by the scope's gate
+--                                                         (reset "1": it opens when
+--                                                         rate limits reset)
 -- Time: Redis TIME unless ARGV[1] is given.
 
 local function store_now(arg)
@@ -60,7 +62,7 @@ end
 
 if ARGV[5] ~= '' then
   local gkey = KEYS[3 * n + 1]
-  local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until')
+  local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset')
   local closed_until = tonumber(g[1])
   if closed_until and closed_until <= now then
     redis.call('DEL', gkey)
@@ -70,7 +72,7 @@ if ARGV[5] ~= '' then
     if not g[2] or g[2] == call or tonumber(g[3] or '-1e300') <= now then
       redis.call('HSET', gkey, 'probe', call, 'probe_until', fmt(now + probe_lease))
     else
-      return {2, fmt(closed_until - now)}
+      return {2, fmt(closed_until - now), g[4] or '0'}
     end
   end
 end

@@ -1,10 +1,11 @@
 -- gate.lua: close a scope's gate after a stalled verdict (a later close is kept), or
 -- read how long it stays closed.
 --
--- KEYS[1]  {p}:v1:scope:<scope>:gate   HASH  until probe probe_until
+-- KEYS[1]  {p}:v1:scope:<scope>:gate   HASH  until reset probe probe_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "close" or "read"
 -- ARGV[3]  close: seconds to keep it closed
+-- ARGV[4]  close: "1" when it opens as rate limits reset, else "0" (kept with the later close)
 -- Returns  close: "0". The key expires on its own once the gate has opened.
 --          read: seconds it stays closed, "0" when open (read-only)
 -- Time: Redis TIME unless ARGV[1] is given.
@@ -20,8 +21,11 @@ local closed_until = tonumber(redis.call('HGET', KEYS[1], 'until') or '-1e300')
 if ARGV[2] == 'read' then
   return string.format('%.17g', math.max(0, closed_until - now))
 end
-closed_until = math.max(closed_until, now + tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until))
+local asked = now + tonumber(ARGV[3])
+if asked >= closed_until then
+  closed_until = asked
+  redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until), 'reset', ARGV[4] or '0')
+end
 redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
 redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + 60)
 return '0'
