@@ -59,6 +59,10 @@ class SimulatedProvider:
         """A snapshot of every request so far, in the order their outcomes were known."""
         return self._simulator.journal.entries()
 
+    def since_start(self) -> float:
+        """Now on the journal's clock: seconds since the server started."""
+        return self._simulator.since_start()
+
     def reset_journal(self) -> None:
         self._simulator.journal.clear()
 
