@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import platform
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from polygate_celery.sources import Source
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.telemetry import Event
 from polygate_celery.testing import VirtualClock
+from tests import soak
 from tests.redis_server import RedisServer, reachable_redis
 
 # A key every simulated source uses; tests/integration/sources checks it never leaks.
@@ -166,3 +169,39 @@ async def until(condition: Callable[[], bool], turns: int = 100_000) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition never held")
+
+
+# -- the soak tier's figures -------------------------------------------------------------------
+
+_FIGURES: list[tuple[str, str]] = []
+SOAK_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "soak.md"
+
+Figures = Callable[[str], None]
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> Figures:
+    """Record a test's measured figures: printed always, written to soak.md under ``make soak``."""
+
+    def record(text: str) -> None:
+        print(text)
+        _FIGURES.append((request.node.nodeid, text))
+
+    return record
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not soak.SOAK or not _FIGURES:
+        return
+    lines = [
+        "# Soak tier: heavy fault trials at full size",
+        "",
+        f"`make soak`, {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}; pytest exit status "
+        f"{exitstatus}. The CI runs the same tests at smaller sizes.",
+        "",
+        "| test | figures |",
+        "|---|---|",
+    ]
+    lines += [f"| `{nodeid}` | {text} |" for nodeid, text in _FIGURES]
+    SOAK_RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -26,7 +26,14 @@ if os.environ.get("POLYGATE_CONFIG"):
         from polygate_celery.metrics import PrometheusHook
 
         hooks.append(PrometheusHook())
-    configure_worker(app, load_config(), hooks=hooks)
+    configure_worker(
+        app,
+        load_config(),
+        hooks=hooks,
+        # The whole-worker kill test shortens how long a lost worker's task stays invisible.
+        extra_task_s=float(os.environ.get("POLYGATE_TEST_EXTRA_TASK_S", "60")),
+        visibility_margin_s=float(os.environ.get("POLYGATE_TEST_VISIBILITY_MARGIN_S", "300")),
+    )
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -49,6 +56,13 @@ def note_run(task_id: str) -> None:
 def ask(self: Any, calls: GovernedCalls, text: str = "hello", fail_fast: bool = False) -> str:
     note_run(self.request.id)
     return calls.chat([{"role": "user", "content": text}], fail_fast=fail_fast).value.text
+
+
+@app.task
+@governed("chat")
+def ask_quietly(calls: GovernedCalls, text: str = "hello") -> str:
+    """`ask` without the run note: nothing but the governed call touches Redis."""
+    return calls.chat([{"role": "user", "content": text}]).value.text
 
 
 @app.task(bind=True)
@@ -104,6 +118,17 @@ def defer_then_retry(self: Any, calls: GovernedCalls) -> str:
     if self.request.retries == 0:
         raise self.retry(countdown=0.2)
     return calls.chat(HELLO).value.text
+
+
+@app.task(bind=True)
+@governed("chat")
+def reset_twice(self: Any, calls: GovernedCalls) -> str:
+    """Deferred on its first two runs as if waiting for a quota reset, done on its third."""
+    if (self.request.headers or {}).get("polygate_deferrals", 0) < 2:
+        from polygate_celery import AllSourcesExhausted  # noqa: PLC0415
+
+        raise AllSourcesExhausted("stalled", "chat", 0.3, rate_limited=True)
+    return "done"
 
 
 @app.task

@@ -14,8 +14,10 @@ from polygate_celery import AllSourcesExhausted
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.celery.app import record
 from tests.celery.conftest import Worker
+from tests.conftest import Figures
+from tests.soak import size
 
-TASKS = 1000
+TASKS = size(ci=300, soak=1_000)
 OUTAGE_S = 8.0
 WINDOW_S = 5.0
 
@@ -46,7 +48,7 @@ def outage_settings(provider: SimulatedProvider, max_attempts: int) -> dict[str,
 
 
 def test_an_outage_longer_than_the_stall_window_defers_and_loses_nothing(
-    governed_worker: Worker, outage_provider: SimulatedProvider, broker: str
+    governed_worker: Worker, outage_provider: SimulatedProvider, broker: str, figures: Figures
 ) -> None:
     started = time.monotonic()
     with governed_worker(concurrency=16, **outage_settings(outage_provider, max_attempts=10)):
@@ -60,7 +62,7 @@ def test_an_outage_longer_than_the_stall_window_defers_and_loses_nothing(
         runs = [int(x) for x in client.lrange(f"deferrals:{result.id}", 0, -1)]
         assert runs == list(range(len(runs))), (result.id, runs)  # executions = deferrals + 1
         deferrals[len(runs) - 1] += 1
-    print(
+    figures(
         f"{TASKS} tasks in {took:.0f} s: {dict(states)}; tasks by deferral count "
         f"{dict(sorted(deferrals.items()))}"
     )

@@ -18,9 +18,12 @@ from celery.exceptions import SoftTimeLimitExceeded, TaskRevokedError
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing.simulator import SimulatedProvider
+from tests import soak
 from tests.celery.app import app, ask, ask_in
 from tests.celery.conftest import config_data
 from tests.celery.workers import celery_worker
+from tests.conftest import Figures
+from tests.soak import size
 
 LEASE_S = 2.0
 
@@ -119,8 +122,9 @@ def test_a_killed_pool_process_mid_call_is_redelivered_and_its_permit_returns(
     broker: str,
     provider: SimulatedProvider,
     tmp_path: Path,
+    figures: Figures,
 ) -> None:
-    trials = int(os.environ.get("POLYGATE_KILL_TRIALS", "20"))
+    trials = size(ci=3, soak=20)
     gaps = []
     with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
         assert ask.delay("warm up").get(timeout=60) == "fine"
@@ -136,11 +140,48 @@ def test_a_killed_pool_process_mid_call_is_redelivered_and_its_permit_returns(
             regranted = time.monotonic() - killed_at
             gaps.append((redelivered, regranted))
             assert result.get(timeout=30) == "survived"
+            assert sync_redis.Redis.from_url(broker).llen(f"runs:{result.id}") <= 2  # no deferral
             # The dead holder's permit is free within its lease; if Celery redelivered
             # later than that, the new run finds it free at once.
             assert regranted <= max(LEASE_S, redelivered) + 0.5
     redelivery = [g[0] for g in gaps]
-    print(
+    figures(
         f"{trials} kills: redelivered after {min(redelivery):.2f}-{max(redelivery):.2f} s; "
         f"permit regranted {min(g[1] for g in gaps):.2f}-{max(g[1] for g in gaps):.2f} s"
+    )
+
+
+@pytest.mark.skipif(not soak.SOAK, reason="soak tier (make soak): ~40 s per kill")
+def test_a_killed_worker_process_loses_no_task_and_runs_it_at_most_twice(
+    client_app: Any,
+    worker_config: dict[str, Any],
+    broker: str,
+    provider: SimulatedProvider,
+    tmp_path: Path,
+    figures: Figures,
+) -> None:
+    """SIGKILL of the main worker process (its pool with it) mid-call: the broker hands
+    the unacknowledged task to the next worker once its visibility timeout passes
+    (here 34 s: every scope's max_call_s 2 s, a 1 s margin, the 30 s hard-limit floor)."""
+    trials = 20
+    for scope in worker_config["scopes"].values():
+        scope["max_call_s"] = 2
+    quick = {"POLYGATE_TEST_EXTRA_TASK_S": "1", "POLYGATE_TEST_VISIBILITY_MARGIN_S": "1"}
+    back_after = []
+    for _ in range(trials):
+        with celery_worker(worker_config, broker, tmp_path, concurrency=1, settings=quick) as w:
+            result = ask_in.delay("killable", "x")
+            running_pid(broker, result.id)
+            wait_until(lambda: provider.in_flight("killable") == 1)
+            killed_at = time.monotonic()
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(10)
+        with celery_worker(worker_config, broker, tmp_path, concurrency=1, settings=quick):
+            assert result.get(timeout=120) == "survived"
+            back_after.append(time.monotonic() - killed_at)
+        runs = sync_redis.Redis.from_url(broker).llen(f"runs:{result.id}")
+        assert runs <= 2  # no deferral here: at most deferrals + 2 runs
+    figures(
+        f"{trials} whole-worker kills: every task done, at most 2 runs each; back after "
+        f"{min(back_after):.1f}-{max(back_after):.1f} s (visibility timeout + restore)"
     )

@@ -11,6 +11,7 @@ from polygate_celery.core.breaker import Effect
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store import AdmitRequest, Grant, Settlement
 from polygate_celery.store.redis import RedisStore
+from tests.conftest import Figures
 from tests.integration.conftest import spawn_worker
 
 TRIALS, LEASE_S = 20, 3.0
@@ -35,7 +36,7 @@ async def freed_after(store: RedisStore, source: SourceTerms, killed_at: float) 
 
 
 async def test_a_killed_holders_permit_is_free_within_lease_plus_half_a_second(
-    redis_url: str, fleet_prefix: str
+    redis_url: str, fleet_prefix: str, figures: Figures
 ) -> None:
     """20 trials at once: each process holds the only permit of its own source."""
     holders = []
@@ -69,5 +70,5 @@ async def test_a_killed_holders_permit_is_free_within_lease_plus_half_a_second(
         await store.aclose()
         for process in holders:
             await process.wait()
-    print(f"reclaimed after SIGKILL (s): min {min(freed):.2f} max {max(freed):.2f}")
+    figures(f"reclaimed after SIGKILL (s): min {min(freed):.2f} max {max(freed):.2f}")
     assert max(freed) <= LEASE_S + 0.5, sorted(freed)
