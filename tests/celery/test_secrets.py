@@ -1,0 +1,169 @@
+"""Secrets stay secret through real Celery runs, and only JSON messages are accepted.
+
+A private Redis with a password serves as broker, result backend and store; the
+simulated provider demands a canary API key. After successful, failing, fatal
+and deferred runs, neither the key nor the Redis password appears in any log
+record (DEBUG, every logger), any result-backend value, any exception's args,
+any task's metadata, or any value of any key a SCAN of the server finds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from polygate_celery import SourceFatalError, parse_config
+from polygate_celery.celery import GovernedCalls, configure_worker, governed, runtime_for
+from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
+from tests.celery.app import ask
+from tests.conftest import CANARY_KEY
+from tests.redis_server import RedisServer
+
+PASSWORD = "redis-canary-pw-51c0d2e9"
+SECRETS = (CANARY_KEY, PASSWORD, CANARY_KEY[3:])
+
+
+# An app of its own: the shared test app keeps its producer pool on the first broker it used.
+app = Celery("polygate_secrets")
+RUNS: Counter[str] = Counter()
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@app.task(bind=True)
+@governed("chat")
+def answer(self: Any, calls: GovernedCalls, fail_fast: bool = False) -> str:
+    RUNS[self.request.id] += 1
+    return calls.chat(HELLO, fail_fast=fail_fast).value.text
+
+
+@app.task
+@governed("second")
+def answer_down(calls: GovernedCalls) -> str:
+    return calls.chat(HELLO).value.text
+
+
+@app.task
+@governed("chat")
+def refuse(calls: GovernedCalls) -> None:
+    raise SourceFatalError("the request is malformed", "chat")
+
+
+@pytest.fixture
+def guarded_redis() -> Iterator[str]:
+    """A private Redis whose default user needs `PASSWORD`; yields its URL with it."""
+    with RedisServer() as server:
+        sync_redis.Redis.from_url(server.url).config_set("requirepass", PASSWORD)
+        yield f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0"
+
+
+def dump_every_key(url: str) -> list[str]:
+    """Every key of the server and its whole value, whatever its type, as text."""
+    client = sync_redis.Redis.from_url(url)
+    seen = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key).decode()
+        readers: dict[str, Any] = {
+            "string": client.get,
+            "hash": client.hgetall,
+            "list": lambda k: client.lrange(k, 0, -1),
+            "set": client.smembers,
+            "zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+            "stream": client.xrange,
+        }
+        value = readers.get(kind, lambda k: b"")(key)
+        seen.append(f"{key!r} {kind} {value!r}")
+    return seen
+
+
+def test_no_secret_reaches_logs_results_errors_metadata_or_any_redis_key(
+    guarded_redis: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    models = {
+        "keyed": ModelBehaviour(api_key=CANARY_KEY, reply="fine"),
+        "keyed-down": ModelBehaviour(api_key=CANARY_KEY, error_rates={500: 1.0}),
+    }
+    prefix = f"secrets-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG)
+    with SimulatedProvider(models) as provider:
+        source = {"base_url": provider.url, "api_key": CANARY_KEY, "timeout_s": 2}
+        config = parse_config(
+            {
+                "store": {"redis_url": guarded_redis, "key_prefix": prefix},
+                "deferral": {"min_delay_s": 0.2, "max_delay_s": 1, "release_interval_s": 0.05},
+                "sources": {
+                    "main": {**source, "model": "keyed"},
+                    "other": {**source, "model": "keyed-down"},
+                },
+                "scopes": {
+                    "chat": {"kind": "chat", "sources": ["main"], "max_attempts": 2,
+                             "stall_window_s": 1, "poll_interval_s": 0.1, "backoff_base_s": 0.05,
+                             "backoff_max_s": 0.1},
+                    "second": {"kind": "chat", "sources": ["other"], "max_attempts": 2,
+                               "backoff_base_s": 0.05, "backoff_max_s": 0.1},
+                },
+            }
+        )  # fmt: skip
+        app.conf.update(broker_url=guarded_redis, result_backend=guarded_redis)
+        configure_worker(app, config, extra_task_s=20)
+        reset_runtime(app)
+        try:
+            with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
+                runtime = runtime_for(app)
+                ok = answer.delay()
+                failed = answer_down.delay()
+                refused = refuse.delay()
+                runtime.run(runtime.store.pause_source("main", 1.0))
+                deferred = answer.delay(fail_fast=True)
+                assert ok.get(timeout=30) == "fine"
+                assert deferred.get(timeout=30) == "fine"
+                results = [ok, failed, refused, deferred]
+                texts: list[str] = []
+                for result in (failed, refused):
+                    with pytest.raises(Exception) as caught:  # noqa: PT011 - any verdict
+                        result.get(timeout=30)
+                    exception = caught.value
+                    assert "retry_exhausted" in str(exception) or "malformed" in str(exception)
+                    texts += [repr(exception), str(exception), repr(exception.args)]
+                    texts.append(repr(result.traceback))
+                assert all(provider.journal[i].authorized for i in range(len(provider.journal)))
+                metas = [repr(app.backend.get_task_meta(r.id)) for r in results]
+                for result in results:  # unsubscribe while this Redis still answers
+                    app.backend.result_consumer.cancel_for(result.id)
+        finally:
+            app.backend.result_consumer.stop()
+            reset_runtime(app)
+    texts += metas
+    texts += [record.getMessage() for record in caplog.records]
+    texts += [repr(record.args) + repr(record.exc_info) for record in caplog.records]
+    texts += dump_every_key(guarded_redis)
+    leaks = [text for text in texts if any(secret in text for secret in SECRETS)]
+    assert leaks == []
+    assert len(texts) > 20  # the search had something to read
+    assert RUNS[deferred.id] == 2  # the deferred task did defer, then ran again
+
+
+def test_a_pickled_message_is_refused_and_never_runs(
+    governed_worker: Any, broker: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with governed_worker():
+        pickled = ask.apply_async(("pickled",), serializer="pickle")
+        assert ask.delay("json").get(timeout=20) == "fine"  # the worker is up and serving
+        seen = ""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and "untrusted" not in seen:
+            seen += capfd.readouterr().err
+            time.sleep(0.05)
+    assert "Refusing to deserialize untrusted content of type pickle" in seen
+    assert pickled.state == "PENDING"  # never ran, no result
+    client = sync_redis.Redis.from_url(broker)
+    assert client.llen(f"runs:{pickled.id}") == 0
