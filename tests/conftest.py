@@ -205,3 +205,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ]
     lines += [f"| `{nodeid}` | {text} |" for nodeid, text in _FIGURES]
     SOAK_RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def drop_result_subscriptions(app: Any) -> None:
+    """Forget an app's result-backend subscriptions while its Redis still answers.
+
+    Celery's Redis backend subscribes to every task's result when it is sent and
+    unsubscribes when the `AsyncResult` is collected, which may happen in a later
+    test, after a private server has gone: the unsubscribe then fails there.
+    """
+    consumer = app.backend.result_consumer
+    consumer.stop()
+    consumer.subscribed_to.clear()
+    consumer._pending_unsubscribe.clear()
+    consumer._pubsub = None

@@ -26,7 +26,7 @@ from polygate_celery.celery import GovernedCalls, configure_worker, governed, ru
 from polygate_celery.celery.runtime import reset_runtime
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.celery.app import ask
-from tests.conftest import CANARY_KEY
+from tests.conftest import CANARY_KEY, drop_result_subscriptions
 from tests.redis_server import RedisServer
 
 PASSWORD = "redis-canary-pw-51c0d2e9"
@@ -140,7 +140,7 @@ def test_no_secret_reaches_logs_results_errors_metadata_or_any_redis_key(
                 for result in results:  # unsubscribe while this Redis still answers
                     app.backend.result_consumer.cancel_for(result.id)
         finally:
-            app.backend.result_consumer.stop()
+            drop_result_subscriptions(app)
             reset_runtime(app)
     texts += metas
     texts += [record.getMessage() for record in caplog.records]

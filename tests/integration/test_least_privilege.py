@@ -26,6 +26,7 @@ from polygate_celery.celery.runtime import reset_runtime
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing import VirtualClock
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
+from tests.conftest import drop_result_subscriptions
 from tests.redis_server import RedisServer
 from tests.unit.store import (
     test_store_contract_gate,
@@ -193,6 +194,6 @@ def test_one_celery_outcome_per_row_as_the_confined_user(acl_url: str) -> None:
                     refuse.delay().get(timeout=30)
                 app.backend.result_consumer.cancel_for(deferred.id)
         finally:
-            app.backend.result_consumer.stop()  # before the module's Redis goes away
+            drop_result_subscriptions(app)  # before the module's Redis goes away
             reset_runtime(app)
             asyncio.set_event_loop(None)
