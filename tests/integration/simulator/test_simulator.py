@@ -365,6 +365,9 @@ def test_malformed_sends_a_bad_data_line_then_continues() -> None:
 def test_no_done_ends_after_the_finish_reason() -> None:
     with serve(stream_fault="no_done") as provider:
         lines = stream_lines(provider)
+        deadline = time.monotonic() + 5  # journalled once the server has finished the stream
+        while not provider.journal and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert provider.journal[-1].outcome == "no_done"
     got = events(lines)
     assert "[DONE]" not in got
