@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,11 +20,11 @@ import redis as sync_redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from polygate_celery import SourceFatalError, parse_config
-from polygate_celery.celery import GovernedCalls, configure_worker, governed, runtime_for
+from polygate_celery.celery import configure_worker, runtime_for
 from polygate_celery.celery.runtime import reset_runtime
-from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
+from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.app import ask
+from tests.celery.outcome_rows import outcome_config, outcome_models, outcome_tasks
 from tests.conftest import CANARY_KEY, drop_result_subscriptions
 from tests.redis_server import RedisServer
 
@@ -35,27 +34,7 @@ SECRETS = (CANARY_KEY, PASSWORD, CANARY_KEY[3:])
 
 # An app of its own: the shared test app keeps its producer pool on the first broker it used.
 app = Celery("polygate_secrets")
-RUNS: Counter[str] = Counter()
-HELLO = [{"role": "user", "content": "hello"}]
-
-
-@app.task(bind=True)
-@governed("chat")
-def answer(self: Any, calls: GovernedCalls, fail_fast: bool = False) -> str:
-    RUNS[self.request.id] += 1
-    return calls.chat(HELLO, fail_fast=fail_fast).value.text
-
-
-@app.task
-@governed("second")
-def answer_down(calls: GovernedCalls) -> str:
-    return calls.chat(HELLO).value.text
-
-
-@app.task
-@governed("chat")
-def refuse(calls: GovernedCalls) -> None:
-    raise SourceFatalError("the request is malformed", "chat")
+tasks = outcome_tasks(app)
 
 
 @pytest.fixture
@@ -88,42 +67,21 @@ def dump_every_key(url: str) -> list[str]:
 def test_no_secret_reaches_logs_results_errors_metadata_or_any_redis_key(
     guarded_redis: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    models = {
-        "keyed": ModelBehaviour(api_key=CANARY_KEY, reply="fine"),
-        "keyed-down": ModelBehaviour(api_key=CANARY_KEY, error_rates={500: 1.0}),
-    }
     prefix = f"secrets-{uuid.uuid4().hex[:8]}"
     caplog.set_level(logging.DEBUG)
-    with SimulatedProvider(models) as provider:
-        source = {"base_url": provider.url, "api_key": CANARY_KEY, "timeout_s": 2}
-        config = parse_config(
-            {
-                "store": {"redis_url": guarded_redis, "key_prefix": prefix},
-                "deferral": {"min_delay_s": 0.2, "max_delay_s": 1, "release_interval_s": 0.05},
-                "sources": {
-                    "main": {**source, "model": "keyed"},
-                    "other": {**source, "model": "keyed-down"},
-                },
-                "scopes": {
-                    "chat": {"kind": "chat", "sources": ["main"], "max_attempts": 2,
-                             "stall_window_s": 1, "poll_interval_s": 0.1, "backoff_base_s": 0.05,
-                             "backoff_max_s": 0.1},
-                    "second": {"kind": "chat", "sources": ["other"], "max_attempts": 2,
-                               "backoff_base_s": 0.05, "backoff_max_s": 0.1},
-                },
-            }
-        )  # fmt: skip
+    with SimulatedProvider(outcome_models(api_key=CANARY_KEY)) as provider:
+        config = outcome_config(guarded_redis, prefix, provider.url, api_key=CANARY_KEY)
         app.conf.update(broker_url=guarded_redis, result_backend=guarded_redis)
         configure_worker(app, config, extra_task_s=20)
         reset_runtime(app)
         try:
             with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
                 runtime = runtime_for(app)
-                ok = answer.delay()
-                failed = answer_down.delay()
-                refused = refuse.delay()
+                ok = tasks.answer.delay()
+                failed = tasks.answer_down.delay()
+                refused = tasks.refuse.delay()
                 runtime.run(runtime.store.pause_source("main", 1.0))
-                deferred = answer.delay(fail_fast=True)
+                deferred = tasks.answer.delay(fail_fast=True)
                 assert ok.get(timeout=30) == "fine"
                 assert deferred.get(timeout=30) == "fine"
                 results = [ok, failed, refused, deferred]
@@ -140,8 +98,8 @@ def test_no_secret_reaches_logs_results_errors_metadata_or_any_redis_key(
                 for result in results:  # unsubscribe while this Redis still answers
                     app.backend.result_consumer.cancel_for(result.id)
         finally:
+            reset_runtime(app)  # its background threads first: they could still send
             drop_result_subscriptions(app)
-            reset_runtime(app)
     texts += metas
     texts += [record.getMessage() for record in caplog.records]
     texts += [repr(record.args) + repr(record.exc_info) for record in caplog.records]
@@ -149,7 +107,7 @@ def test_no_secret_reaches_logs_results_errors_metadata_or_any_redis_key(
     leaks = [text for text in texts if any(secret in text for secret in SECRETS)]
     assert leaks == []
     assert len(texts) > 20  # the search had something to read
-    assert RUNS[deferred.id] == 2  # the deferred task did defer, then ran again
+    assert tasks.runs[deferred.id] == 2  # the deferred task did defer, then ran again
 
 
 def test_a_pickled_message_is_refused_and_never_runs(

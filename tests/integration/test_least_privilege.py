@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,12 +19,13 @@ import redis as sync_redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from polygate_celery import AllSourcesExhausted, SourceFatalError, parse_config
-from polygate_celery.celery import GovernedCalls, configure_worker, governed, runtime_for
+from polygate_celery import AllSourcesExhausted, SourceFatalError
+from polygate_celery.celery import configure_worker, runtime_for
 from polygate_celery.celery.runtime import reset_runtime
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing import VirtualClock
-from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
+from polygate_celery.testing.simulator import SimulatedProvider
+from tests.celery.outcome_rows import outcome_config, outcome_models, outcome_tasks
 from tests.conftest import drop_result_subscriptions
 from tests.redis_server import RedisServer
 from tests.unit.store import (
@@ -135,65 +135,29 @@ def test_the_contract_subset_is_most_of_the_contract() -> None:
 # -- one Celery outcome per row ------------------------------------------------------------------
 
 app = Celery("polygate_acl")
-RUNS: Counter[str] = Counter()
-HELLO = [{"role": "user", "content": "hello"}]
-
-
-@app.task(bind=True)
-@governed("chat")
-def answer(self: Any, calls: GovernedCalls, fail_fast: bool = False) -> str:
-    RUNS[self.request.id] += 1
-    return calls.chat(HELLO, fail_fast=fail_fast).value.text
-
-
-@app.task
-@governed("down")
-def answer_down(calls: GovernedCalls) -> str:
-    return calls.chat(HELLO).value.text
-
-
-@app.task
-@governed("chat")
-def refuse(calls: GovernedCalls) -> None:
-    raise SourceFatalError("the request is malformed", "chat")
+tasks = outcome_tasks(app)
 
 
 def test_one_celery_outcome_per_row_as_the_confined_user(acl_url: str) -> None:
-    models = {"up": ModelBehaviour(reply="fine"), "down": ModelBehaviour(error_rates={500: 1.0})}
-    with SimulatedProvider(models) as provider:
-        scope = {"max_attempts": 2, "stall_window_s": 1, "poll_interval_s": 0.1}
-        scope |= {"backoff_base_s": 0.05, "backoff_max_s": 0.1}
-        config = parse_config(
-            {
-                "store": {"redis_url": acl_url, "key_prefix": PREFIX},
-                "deferral": {"min_delay_s": 0.2, "max_delay_s": 1, "release_interval_s": 0.05},
-                "sources": {
-                    "main": {"base_url": provider.url, "model": "up", "timeout_s": 2},
-                    "broken": {"base_url": provider.url, "model": "down", "timeout_s": 2},
-                },
-                "scopes": {
-                    "chat": {"kind": "chat", "sources": ["main"], **scope},
-                    "down": {"kind": "chat", "sources": ["broken"], **scope},
-                },
-            }
-        )
+    with SimulatedProvider(outcome_models()) as provider:
+        config = outcome_config(acl_url, PREFIX, provider.url)
         app.conf.update(broker_url=acl_url, result_backend=acl_url, task_default_queue=QUEUE)
         configure_worker(app, config, extra_task_s=20)
         reset_runtime(app)
         try:
             with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
                 runtime = runtime_for(app)
-                assert answer.delay().get(timeout=30) == "fine"
+                assert tasks.answer.delay().get(timeout=30) == "fine"
                 runtime.run(runtime.store.pause_source("main", 1.0))
-                deferred = answer.delay(fail_fast=True)
+                deferred = tasks.answer.delay(fail_fast=True)
                 assert deferred.get(timeout=30) == "fine"
-                assert RUNS[deferred.id] == 2
+                assert tasks.runs[deferred.id] == 2
                 with pytest.raises(AllSourcesExhausted, match="retry_exhausted"):
-                    answer_down.delay().get(timeout=30)
+                    tasks.answer_down.delay().get(timeout=30)
                 with pytest.raises(SourceFatalError, match="malformed"):
-                    refuse.delay().get(timeout=30)
+                    tasks.refuse.delay().get(timeout=30)
                 app.backend.result_consumer.cancel_for(deferred.id)
         finally:
+            reset_runtime(app)  # its background threads first: they could still send
             drop_result_subscriptions(app)  # before the module's Redis goes away
-            reset_runtime(app)
             asyncio.set_event_loop(None)
