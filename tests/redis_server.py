@@ -6,6 +6,7 @@ a server of their own to pause, crash and restart.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -45,4 +46,7 @@ class RedisServer(embedded.EmbeddedRedis):
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.resume()  # a paused server cannot act on SIGTERM
+            # Celery's result backend unsubscribes when an `AsyncResult` is collected: let
+            # that happen now, while this server answers, not in some later test.
+            gc.collect()
         super().stop()
