@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,14 @@ import kombu  # noqa: E402
 import redis as sync_redis  # noqa: E402
 from celery import Celery  # noqa: E402
 
+from benchmarks._processes import (  # noqa: E402
+    clean_env,
+    log,
+    start_process,
+    stop_all,
+    stop_process,
+    track,
+)
 from polygate_celery import parse_config  # noqa: E402
 from polygate_celery.celery import ParkingLot, configure_worker  # noqa: E402
 from polygate_celery.store.redis import KeySpace  # noqa: E402
@@ -66,58 +74,6 @@ POLL_S = 0.02
 HORIZON_S = 1.0  # the lag poller reads entries due within this; a claim moves one 30 s out
 MODEL = "instant"
 
-_children: list[subprocess.Popen[bytes]] = []
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# -- processes ------------------------------------------------------------------------------
-
-
-def start_process(
-    command: Sequence[str], env: dict[str, str], out: Path
-) -> subprocess.Popen[bytes]:
-    with out.open("ab") as sink:
-        process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    _children.append(process)
-    return process
-
-
-def stop_process(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
-    """SIGTERM to its process group (a prefork pool's children too), then SIGKILL."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)  # any child left behind by the pool
-    if process in _children:
-        _children.remove(process)
-
-
-def stop_all() -> None:
-    for process in list(_children):
-        stop_process(process, grace_s=5.0)
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without POLYGATE_* (it would override the written config)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("POLYGATE_")}
-
 
 class Simulator:
     """The simulated OpenAI-compatible provider, in its own process."""
@@ -127,15 +83,16 @@ class Simulator:
         models.write_text(json.dumps({MODEL: {}}))
         command = [sys.executable, "-m", "polygate_celery.testing.simulator", "--port", "0"]
         command += ["--config", str(models)]
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
+        self.process = track(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=clean_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         )
-        _children.append(self.process)
         assert self.process.stdout is not None
         self.url = self.process.stdout.readline().decode().strip()
         if not self.url.startswith("http"):

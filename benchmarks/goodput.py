@@ -31,7 +31,6 @@ import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ import celery  # noqa: E402
 import redis as sync_redis  # noqa: E402
 from celery import Celery  # noqa: E402
 
+from benchmarks._processes import clean_env, log, start_process, stop_process  # noqa: E402
 from polygate_celery import embedded  # noqa: E402
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider  # noqa: E402
 from tests.celery.workers import toml  # noqa: E402
@@ -142,30 +142,6 @@ class Run:
         return self.completed / self.finish_s / capacity
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# -- processes ----------------------------------------------------------------------------------
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without POLYGATE_* and GOODPUT_* (the run sets its own)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("POLYGATE_", "GOODPUT_"))}
-
-
-def stop_process(process: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
-    """SIGTERM to its process group, then SIGKILL what is left."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(grace_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(10)
-
-
 class Bench:
     """One Redis database for broker, results, governance and counters; one run at a time."""
 
@@ -208,7 +184,7 @@ class Bench:
         """Start the workers of one run; yields their queue once every one answers a ping."""
         queue = f"goodput-{run_id}"
         env = {
-            **clean_env(),
+            **clean_env("GOODPUT_"),
             "GOODPUT_BROKER": self.url,
             "GOODPUT_PROVIDER_URL": provider_url,
             "GOODPUT_MODEL": MODEL,
@@ -228,22 +204,12 @@ class Bench:
                 command += ["-c", str(self.workload.threads), "-Q", queue, "-n", name]
                 command += ["--loglevel", "WARNING", "--without-heartbeat", "--without-mingle"]
                 command += ["--without-gossip"]
-                with (self.tmp / f"{run_id}.log").open("ab") as sink:
-                    processes.append(
-                        subprocess.Popen(
-                            command,
-                            cwd=ROOT,
-                            env=env,
-                            stdout=sink,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
+                processes.append(start_process(command, env, self.tmp / f"{run_id}.log"))
             self._wait_ready(names, processes)
             yield queue
         finally:
             for process in processes:
-                stop_process(process)
+                stop_process(process, grace_s=20.0)
 
     def _wait_ready(self, names: list[str], processes: list[subprocess.Popen[bytes]]) -> None:
         deadline = time.monotonic() + 60
