@@ -74,12 +74,10 @@ def deferral_delay(
     per deferral) would find it spent by others. Governance, not the deferral,
     keeps the returning tasks from overrunning the provider.
     """
-    if not grow:
-        base = min(config.max_delay_s, max(config.min_delay_s, retry_after_s))
-        return base + min(RESET_SPREAD_S, config.jitter * base) * u
-    base = retry_after_s * config.growth ** min(deferrals, 64)
-    base = min(config.max_delay_s, max(config.min_delay_s, base))
-    return base * (1 + config.jitter * u)
+    grown = retry_after_s * config.growth ** min(deferrals, 64) if grow else retry_after_s
+    base = min(config.max_delay_s, max(config.min_delay_s, grown))
+    spread = config.jitter * base if grow else min(RESET_SPREAD_S, config.jitter * base)
+    return base + spread * u
 
 
 def countdown_cap_s(task: Task[Any, Any]) -> float:
