@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import pytest_asyncio
 
@@ -27,6 +28,10 @@ from polygate_celery.telemetry import Event
 from polygate_celery.testing import VirtualClock
 from tests import soak
 from tests.redis_server import RedisServer, reachable_redis
+
+# Tests assert behaviour, not speed: no per-example deadline, which a busy core would trip.
+hypothesis.settings.register_profile("polygate", deadline=None)
+hypothesis.settings.load_profile("polygate")
 
 # A key every simulated source uses; tests/integration/sources checks it never leaks.
 CANARY_KEY = "sk-canary-7f3a9c1e5b2d4086"
