@@ -12,7 +12,8 @@ What it measures, all against an instant source (no provider latency):
   in-memory store and on the Redis store, and one async ``PING`` on the same
   client, in the same run; overhead = governed - bare, and its ratio to PING
   (target: at most 3);
-* ``MEMORY USAGE`` of the keys one source, one quota group and one scope cost.
+* ``MEMORY USAGE`` of the keys one source, one quota group and one scope cost,
+  and of a full sliding-window log at 120 and 10,000 requests a minute.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polygate_celery import Gateway, MemoryStore, Outcome, parse_config
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import AdmitRequest
 from polygate_celery.store.redis import RedisStore
 from tests.redis_server import RedisServer, reachable_redis
@@ -97,6 +99,14 @@ async def memory_per_entity(store: RedisStore, gateway: Gateway) -> dict[str, in
         await store.admit(AdmitRequest("bench", (terms,), f"held-{held}"))
         if held in (1, 8):
             usage[f"{permits} ({held} held)"] = int(await store.client.memory_usage(permits) or 0)
+    for rpm in (120, 10_000):  # a sliding window's log, full: one member per admission
+        quota = QuotaTerms(f"full-{rpm}", rpm=rpm)
+        source = SourceTerms(f"log-{rpm}", rpm, quota=quota)
+        prefix = uuid.uuid4().hex[:16]  # permit ids as the loop makes them
+        for n in range(rpm):
+            await store.admit(AdmitRequest("bench", (source,), f"{prefix}-{n}"))
+        log = store.keys.quota_log(quota.name)
+        usage[f"{log} ({rpm} in the window)"] = int(await store.client.memory_usage(log) or 0)
     return usage
 
 

@@ -26,11 +26,17 @@ from pydantic import (
 )
 
 from polygate_celery.core.policy import Kind
+from polygate_celery.core.terms import RpmWindow
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 """Source, scope and quota names: lowercase (environment keys are case-folded), key-safe."""
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+RPM_WINDOW_HELP = (
+    "how rpm is counted: sliding (at most rpm in any minute: never more than a provider "
+    "allows) or bucket (a minute's worth at once, then evenly: for token-bucket providers)"
+)
 
 
 class _Strict(BaseModel):
@@ -89,6 +95,7 @@ class SourceConfig(SourceSettings):
     api_key_file: Path | None = Field(None, description="file holding it (e.g. a mounted secret)")
     rpm: int | None = Field(None, ge=1, description="requests per minute (a private quota)")
     tpm: int | None = Field(None, ge=1, description="tokens per minute (a private quota)")
+    rpm_window: RpmWindow = Field("sliding", description=RPM_WINDOW_HELP)
     quota: Name | None = Field(None, description="name of a shared quota in [quotas]")
     _key: SecretStr | None = PrivateAttr(None)
 
@@ -144,6 +151,7 @@ class QuotaConfig(_Strict):
 
     rpm: int | None = Field(None, ge=1, description="requests per minute")
     tpm: int | None = Field(None, ge=1, description="tokens per minute")
+    rpm_window: RpmWindow = Field("sliding", description=RPM_WINDOW_HELP)
 
 
 class ScopeSettings(_Strict):

@@ -1,15 +1,41 @@
-"""Decision core: RPM/TPM quotas as a generic cell rate algorithm (GCRA) over a 60 s period.
+"""Decision core: RPM/TPM quotas over a 60 s period, as a sliding window or a bucket.
 
-A quota is one "theoretical arrival time" (TAT) per dimension. A request of cost
-``c`` moves the TAT by ``c * 60 / limit``; it conforms while the TAT stays within
-one period of now, so a full minute's allowance may be spent at once after an
-idle minute, and never more. Tokens are reserved from an estimate before the
-attempt and settled with the real usage after (a refund moves the TAT back).
+**Sliding window** (requests, the default): at most `limit` admissions in any
+window of one period (plus `WINDOW_MARGIN_S`), kept as a log of admission
+times. It never exceeds what a provider allows, whether the provider counts in
+sliding windows, fixed windows or a token bucket of the same size.
+
+**Bucket** (a generic cell rate algorithm, GCRA; tokens always): one
+"theoretical arrival time" (TAT) per dimension. A request of cost ``c`` moves
+the TAT by ``c * 60 / limit``; it conforms while the TAT stays within one period
+of now, so a full minute's allowance may be spent at once after an idle minute,
+then refills evenly. That matches a provider's token bucket; against a provider
+that counts in windows, the evenly refilled requests after a burst are refused.
+Tokens are reserved from an estimate before the attempt and settled with the
+real usage after (a refund moves the TAT back).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 PERIOD_S = 60.0
+WINDOW_MARGIN_S = 0.5
+"""An admission leaves the sliding window this long after a period, not at once: the
+provider counts arrivals, which trail admissions by a varying few milliseconds."""
+WINDOW_S = PERIOD_S + WINDOW_MARGIN_S
+
+
+def window_wait(admitted: Sequence[float], now: float, limit: int) -> float | None:
+    """Seconds until the sliding window admits one more, or None when it does now.
+
+    `admitted` holds the admission times still in the window (those after
+    ``now - WINDOW_S``), oldest first.
+    """
+    excess = len(admitted) - limit
+    if excess < 0:
+        return None
+    return max(0.0, admitted[excess] + WINDOW_S - now)
 
 
 def gcra_reserve(tat: float, now: float, cost: float, limit: int) -> tuple[float, float | None]:

@@ -9,6 +9,9 @@ as each worker runs with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+RpmWindow = Literal["sliding", "bucket"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +33,14 @@ class QuotaTerms:
     """A requests-per-minute and/or tokens-per-minute quota, possibly shared.
 
     `name` is the quota group: sources that share a provider key share one.
+    `rpm_window` says how requests are counted (see `core.quota`); tokens always
+    use the bucket.
     """
 
     name: str
     rpm: int | None = None
     tpm: int | None = None
+    rpm_window: RpmWindow = "sliding"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,11 @@ def source_terms(config: GatewayConfig, name: str) -> SourceTerms:
     quota: QuotaTerms | None = None
     if source.quota is not None:
         shared = config.quotas[source.quota]
-        quota = QuotaTerms(name=f"shared:{source.quota}", rpm=shared.rpm, tpm=shared.tpm)
+        quota = QuotaTerms(
+            f"shared:{source.quota}", shared.rpm, shared.tpm, rpm_window=shared.rpm_window
+        )
     elif source.rpm is not None or source.tpm is not None:
-        quota = QuotaTerms(name=f"source:{name}", rpm=source.rpm, tpm=source.tpm)
+        quota = QuotaTerms(f"source:{name}", source.rpm, source.tpm, rpm_window=source.rpm_window)
     return SourceTerms(
         name=name,
         max_concurrency=source.max_concurrency,

@@ -126,10 +126,11 @@ class SourceSnapshot:
 class QuotaSnapshot:
     """How much of a quota's one-minute allowance is spent now, per dimension.
 
-    Read from the GCRA state: a theoretical arrival time `t` seconds ahead of
-    now means ``t / 60`` of the minute's allowance is spent (a full minute's
-    worth may be spent at once, then it refills evenly). None where the quota
-    has no such limit.
+    Requests counted in a sliding window: the admissions still in it. Otherwise
+    read from the bucket (GCRA) state: a theoretical arrival time `t` seconds
+    ahead of now means ``t / 60`` of the minute's allowance is spent (a full
+    minute's worth may be spent at once, then it refills evenly). None where the
+    quota has no such limit.
     """
 
     name: str

@@ -9,6 +9,7 @@ Permits do not need leases here: a process that dies takes its store with it.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from polygate_celery.core.breaker import (
     breaker_reopens_at,
     breaker_settle,
 )
-from polygate_celery.core.quota import gcra_reserve, gcra_settle, gcra_spent
+from polygate_celery.core.quota import WINDOW_S, gcra_reserve, gcra_settle, gcra_spent, window_wait
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.base import (
     AdmitRequest,
@@ -63,6 +64,12 @@ class _Gate:
 class _QuotaState:
     request_tat: float = -math.inf
     token_tat: float = -math.inf
+    admitted: deque[float] = field(default_factory=deque)  # the sliding window's log
+
+    def in_window(self, now: float) -> deque[float]:
+        while self.admitted and self.admitted[0] <= now - WINDOW_S:
+            self.admitted.popleft()
+        return self.admitted
 
 
 class MemoryStore:
@@ -93,7 +100,11 @@ class MemoryStore:
         state = self._quotas.setdefault(quota.name, _QuotaState())
         request_tat, token_tat = state.request_tat, state.token_tat
         waits: list[float] = []
-        if quota.rpm is not None:
+        if quota.rpm is not None and quota.rpm_window == "sliding":
+            wait = window_wait(state.in_window(now), now, quota.rpm)
+            if wait is not None:
+                waits.append(wait)
+        elif quota.rpm is not None:
             request_tat, wait = gcra_reserve(request_tat, now, 1, quota.rpm)
             if wait is not None:
                 waits.append(wait)
@@ -155,6 +166,8 @@ class MemoryStore:
             if terms.quota is not None and isinstance(quota, tuple):
                 quota_state = self._quotas[terms.quota.name]
                 quota_state.request_tat, quota_state.token_tat = quota
+                if terms.quota.rpm is not None and terms.quota.rpm_window == "sliding":
+                    quota_state.admitted.append(now)
             return Grant(terms.name, request.permit_id, now)
         return Denial(reopen_in_s=min(reopen) if reopen else None, blocked=tuple(blocked))
 
@@ -231,11 +244,14 @@ class MemoryStore:
     async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
         now = self._clock.now()
         state = self._quotas.get(quota.name, _QuotaState())
+        requests_used: float | None = None
+        if quota.rpm is not None and quota.rpm_window == "sliding":
+            requests_used = float(len(state.in_window(now)))
+        elif quota.rpm is not None:
+            requests_used = gcra_spent(state.request_tat, now, quota.rpm)
         return QuotaSnapshot(
             name=quota.name,
-            requests_used=None
-            if quota.rpm is None
-            else gcra_spent(state.request_tat, now, quota.rpm),
+            requests_used=requests_used,
             tokens_used=None if quota.tpm is None else gcra_spent(state.token_tat, now, quota.tpm),
         )
 

@@ -8,7 +8,9 @@ the old one::
     {p}:v1:src:<source>:permits     ZSET    permit id -> lease expiry (store time, s)
     {p}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
                                             AIMD (limit, last_decrease), paused_until
-    {p}:v1:quota:<group>            HASH    GCRA times: req (RPM), tok (TPM)
+    {p}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)
+    {p}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
+                                            window (at most rpm members, TTL one window)
     {p}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
     {p}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, reset, probe
     {p}:v1:released                 channel "<origin> <source>" on every release
@@ -51,6 +53,10 @@ class KeySpace:
     def quota(self, group: str | None) -> str:
         """The quota group's key; a placeholder (never written) for a source without one."""
         return f"{self.base}:quota:{group}" if group else f"{self.base}:quota:-"
+
+    def quota_log(self, group: str | None) -> str:
+        """The quota group's sliding-window log; a placeholder for a source without one."""
+        return f"{self.quota(group)}:log"
 
     def progress(self, scope: str) -> str:
         return f"{self.base}:scope:{scope}:progress"

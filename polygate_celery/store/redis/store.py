@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
-from polygate_celery.core.quota import gcra_spent
+from polygate_celery.core.quota import WINDOW_S, gcra_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.base import (
@@ -193,7 +193,7 @@ class RedisStore:
             encoded.release_message,
         ]
         keys = [
-            *encoded.admit_keys,
+            *encoded.admit_keys[:3],  # permits, state, quota (not the log: a send is a send)
             self.keys.progress(settlement.scope),
             self.keys.gate(settlement.scope),
         ]
@@ -254,16 +254,20 @@ class RedisStore:
         await self._run("source", keys, [self._now(), "reset"])
 
     async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
-        reply = await self._run("quota", [self.keys.quota(quota.name)], [self._now()])
+        keys = [self.keys.quota(quota.name), self.keys.quota_log(quota.name)]
+        reply = await self._run("quota", keys, [self._now(), _fmt(WINDOW_S)])
         try:
-            request_ahead_s, token_ahead_s = (float(x) for x in reply)
+            request_ahead_s, token_ahead_s, in_window = (float(x) for x in reply)
         except _REPLY_ERRORS as exc:
             raise GovernanceBackendError(f"quota: unexpected reply {reply!r}") from exc
+        requests_used: float | None = None
+        if quota.rpm is not None and quota.rpm_window == "sliding":
+            requests_used = in_window
+        elif quota.rpm is not None:
+            requests_used = gcra_spent(request_ahead_s, 0.0, quota.rpm)
         return QuotaSnapshot(
             name=quota.name,
-            requests_used=None
-            if quota.rpm is None
-            else gcra_spent(request_ahead_s, 0.0, quota.rpm),
+            requests_used=requests_used,
             tokens_used=None if quota.tpm is None else gcra_spent(token_ahead_s, 0.0, quota.tpm),
         )
 
@@ -386,7 +390,7 @@ class LuaScript:
 class _Encoded:
     """What the scripts need of one source's terms, as they are sent."""
 
-    admit_keys: tuple[str, str, str]
+    admit_keys: tuple[str, str, str, str]
     admit_terms: str
     settle_terms: str
     release_message: str
@@ -396,6 +400,7 @@ class _Encoded:
         quota = terms.quota
         rpm = (quota.rpm or 0) if quota else 0
         tpm = (quota.tpm or 0) if quota else 0
+        window = _fmt(WINDOW_S) if quota and quota.rpm_window == "sliding" else "0"
         initial = terms.aimd.initial_limit or 0
         breaker, aimd = terms.breaker, terms.aimd
         return cls(
@@ -403,8 +408,9 @@ class _Encoded:
                 keys.permits(terms.name),
                 keys.state(terms.name),
                 keys.quota(quota.name if quota else None),
+                keys.quota_log(quota.name if quota else None),
             ),
-            admit_terms=f"{terms.name} {terms.max_concurrency} {initial} {rpm} {tpm}",
+            admit_terms=f"{terms.name} {terms.max_concurrency} {initial} {rpm} {tpm} {window}",
             settle_terms=" ".join(
                 str(x)
                 for x in (

@@ -11,6 +11,7 @@ from pydantic import SecretStr
 
 from polygate_celery.config import GatewayConfig, load_config, parse_config
 from polygate_celery.errors import ConfigError
+from polygate_celery.governance.plan import source_terms
 
 SECRET = "sk-live-0123456789abcdef"
 
@@ -293,6 +294,22 @@ def test_key_never_appears_in_config_errors(monkeypatch: pytest.MonkeyPatch) -> 
 def test_private_and_shared_quota_are_exclusive() -> None:
     data = {"quotas": {"q": {"rpm": 10}}, "sources": {"a": {"rpm": 5, "quota": "q"}}}
     assert field_of(data) == "sources.a"
+
+
+def test_the_rpm_window_is_sliding_unless_a_bucket_is_asked_for() -> None:
+    data = one_scope({"a": {"rpm": 5}, "b": {"quota": "key"}, "c": {"rpm": 5}})
+    data["quotas"] = {"key": {"rpm": 10, "rpm_window": "bucket"}}
+    data["sources"]["c"]["rpm_window"] = "bucket"
+    config = parse_config(data)
+    windows = {name: source_terms(config, name).quota for name in ("a", "b", "c")}
+    assert {name: q.rpm_window for name, q in windows.items() if q} == {
+        "a": "sliding",
+        "b": "bucket",
+        "c": "bucket",
+    }
+    assert field_of({"quotas": {"key": {"rpm": 10, "rpm_window": "fixed"}}}) == (
+        "quotas.key.rpm_window"
+    )
 
 
 def test_max_call_s_default() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.quota import WINDOW_S
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 from tests.unit.store.conftest import Harness
 
@@ -135,8 +136,8 @@ async def test_a_success_reads_as_an_open_gate(h: Harness) -> None:
     assert await h.store.gate_closed_for_s("s") == 0.0
 
 
-async def test_quota_use_counts_what_the_minute_has_spent(h: Harness) -> None:
-    quota = QuotaTerms("key", rpm=60, tpm=1000)
+async def test_quota_use_counts_what_the_bucket_has_spent(h: Harness) -> None:
+    quota = QuotaTerms("key", rpm=60, tpm=1000, rpm_window="bucket")
     source = SourceTerms("q", 10, quota=quota)
     idle = await h.store.quota_snapshot(quota)
     assert (idle.name, idle.requests_used, idle.tokens_used) == ("key", 0.0, 0.0)
@@ -152,6 +153,19 @@ async def test_quota_use_counts_what_the_minute_has_spent(h: Harness) -> None:
     assert used.requests_used == pytest.approx(1.5)
     assert used.tokens_used == pytest.approx(275.0)
     h.clock.advance(60.0)
+    assert (await h.store.quota_snapshot(quota)).requests_used == 0.0
+
+
+async def test_quota_use_counts_the_requests_in_the_sliding_window(h: Harness) -> None:
+    quota = QuotaTerms("key", rpm=60)
+    source = SourceTerms("q", 10, quota=quota)
+    for _ in range(3):
+        await h.grant(source)
+        h.clock.advance(10.0)
+    assert (await h.store.quota_snapshot(quota)).requests_used == 3.0  # at 30 s: all in it
+    h.clock.advance(WINDOW_S - 30.0)  # the first leaves one window after its admission
+    assert (await h.store.quota_snapshot(quota)).requests_used == 2.0
+    h.clock.advance(20.0)
     assert (await h.store.quota_snapshot(quota)).requests_used == 0.0
 
 

@@ -177,7 +177,7 @@ async def test_reopen_is_the_soonest_known_reopening(h: Harness) -> None:
 
 
 async def test_reopen_can_be_a_quota_refill_or_a_pause(h: Harness) -> None:
-    limited = SourceTerms("limited", 5, quota=QuotaTerms("k", rpm=2))
+    limited = SourceTerms("limited", 5, quota=QuotaTerms("k", rpm=2, rpm_window="bucket"))
     await h.grant(limited)
     await h.grant(limited)  # the next request conforms in 30 s
     await h.store.pause_source("a", 45.0)

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.quota import WINDOW_S
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 from tests.unit.store.conftest import Harness
 
@@ -179,8 +180,35 @@ async def test_an_initial_limit_starts_below_the_cap(h: Harness) -> None:
 # --- quotas ----------------------------------------------------------------------------
 
 
-async def test_rpm_denies_the_request_over_the_limit_until_it_refills(h: Harness) -> None:
+async def test_sliding_rpm_admits_at_most_rpm_in_any_window(h: Harness) -> None:
     source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=3))
+    for _ in range(3):
+        await h.grant(source)
+        h.clock.advance(10.0)
+    denial = await h.deny(source)  # at 30 s: three in the window, none refilled evenly
+    assert denial.blocked == (("rpm", "quota"),)
+    assert denial.reopen_in_s == pytest.approx(WINDOW_S - 30.0)  # when the first leaves
+    h.clock.advance(WINDOW_S - 30.0 - 1.0)
+    await h.deny(source)
+    h.clock.advance(1.0)
+    await h.grant(source)
+    assert (await h.deny(source)).reopen_in_s == pytest.approx(10.0)  # then the second
+
+
+async def test_sliding_rpm_spends_a_whole_minute_at_once_after_an_idle_one(h: Harness) -> None:
+    source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=4))
+    for _ in range(4):
+        await h.grant(source)
+    h.clock.advance(WINDOW_S)
+    for _ in range(4):
+        await h.grant(source)
+    assert (await h.deny(source)).reopen_in_s == pytest.approx(WINDOW_S)
+
+
+async def test_rpm_as_a_bucket_denies_the_request_over_the_limit_until_it_refills(
+    h: Harness,
+) -> None:
+    source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=3, rpm_window="bucket"))
     for _ in range(3):
         await h.grant(source)
     denial = await h.deny(source)

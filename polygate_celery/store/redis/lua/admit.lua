@@ -2,12 +2,14 @@
 -- lease + breaker + AIMD + pause + quota, atomically).
 --
 -- Key layout (every key shares the hash tag {<prefix>}, so one Cluster slot):
---   KEYS[3i-2]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s)
---   KEYS[3i-1]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
+--   KEYS[4i-3]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s)
+--   KEYS[4i-2]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
 --                                                last_decrease paused_until
---   KEYS[3i]    {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
+--   KEYS[4i-1]  {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
 --                                                a placeholder key when the source has none
---   KEYS[3n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
+--   KEYS[4i]    {p}:v1:quota:<group>:log   ZSET  permit id -> admission time (the RPM
+--                                                sliding window); a placeholder likewise
+--   KEYS[4n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id (chosen by the caller: a repeated admit returns its first grant)
 -- ARGV[3]  lease seconds
@@ -15,7 +17,8 @@
 -- ARGV[5]  "" (no gate), or "<probe lease s> <call id>": while the scope's gate is closed
 --          one call at a time may probe; the others are refused at once
 -- ARGV[5+i]  the i-th candidate, best first, as one space-separated string:
---            "name cap initial_aimd_limit(0: the cap) rpm(0: none) tpm(0: none)"
+--            "name cap initial_aimd_limit(0: the cap) rpm(0: none) tpm(0: none)
+--             window_s(0: rpm as a bucket, else a sliding window of this length)"
 -- Returns  {1, name, admitted_at}                         a grant
 --          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota
@@ -55,13 +58,13 @@ local est = tonumber(ARGV[4])
 local n = #ARGV - 5
 
 for i = 1, n do
-  if redis.call('ZSCORE', KEYS[3 * i - 2], permit) then
+  if redis.call('ZSCORE', KEYS[4 * i - 3], permit) then
     return {1, fields(ARGV[5 + i])[1], fmt(now)}
   end
 end
 
 if ARGV[5] ~= '' then
-  local gkey = KEYS[3 * n + 1]
+  local gkey = KEYS[4 * n + 1]
   local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset')
   local closed_until = tonumber(g[1])
   if closed_until and closed_until <= now then
@@ -83,7 +86,8 @@ for i = 1, n do
   local c = fields(ARGV[5 + i])
   local name, cap = c[1], tonumber(c[2])
   local initial, rpm, tpm = tonumber(c[3]), tonumber(c[4]), tonumber(c[5])
-  local pkey, skey, qkey = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local window = tonumber(c[6])
+  local pkey, skey, qkey, lkey = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
 
   redis.call('ZREMRANGEBYSCORE', pkey, '-inf', fmt(now))  -- reclaim leases expired by now
   local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until')
@@ -120,7 +124,14 @@ for i = 1, n do
     local q = redis.call('HMGET', qkey, 'req', 'tok')
     req_tat, tok_tat = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
     local waits = {}
-    if rpm > 0 then
+    if rpm > 0 and window > 0 then
+      redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now - window))
+      local excess = redis.call('ZCARD', lkey) - rpm
+      if excess >= 0 then  -- the oldest `excess + 1` must leave the window first
+        local oldest = redis.call('ZRANGE', lkey, excess, excess, 'WITHSCORES')
+        waits[#waits + 1] = math.max(0, tonumber(oldest[2]) + window - now)
+      end
+    elseif rpm > 0 then
       local w; req_tat, w = gcra(req_tat, now, 1, rpm)
       if w then waits[#waits + 1] = w end
     end
@@ -144,6 +155,10 @@ for i = 1, n do
     if take_probe then redis.call('HSET', skey, 'mode', new_mode, 'probe', permit) end
     redis.call('ZADD', pkey, now + lease, permit)
     if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', fmt(req_tat), 'tok', fmt(tok_tat)) end
+    if rpm > 0 and window > 0 then
+      redis.call('ZADD', lkey, now, permit)
+      redis.call('PEXPIRE', lkey, math.ceil(window * 1000) + 1000)
+    end
     return {1, name, fmt(now)}
   end
 end
