@@ -3,10 +3,11 @@
 A deferral re-enqueues the same task (id, args, kwargs, headers, links, chain
 and chord) to run after a delay, without touching Celery's retry count: the
 number of deferrals travels in a message header. The delay is the verdict's
-`retry_after_s`, grown per deferral (unless it is when rate limits reset),
-capped and stretched by a random jitter (never made shorter than the
-estimate). When the budget (`max_deferrals`,
-`max_defer_age_s`) is spent, the task fails with `DeferralBudgetExceeded`.
+`retry_after_s`, grown per earlier deferral that waited out an estimate (a
+deferral until rate limits reset is not grown, nor does it count), capped and
+stretched by a random jitter (never made shorter than the estimate). When the
+budget (`max_deferrals`, `max_defer_age_s`) is spent, the task fails with
+`DeferralBudgetExceeded`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ RESET_SPREAD_S = 1.0
 
 logger = logging.getLogger("polygate_celery")
 DEFERRALS = "polygate_deferrals"
+GROWN = "polygate_grown"  # how many of them were grown (waited out an estimate)
 FIRST_DEFERRED_AT = "polygate_first_deferred_at"
 DEFERRED = "DEFERRED"  # the task state while it waits to run again
 
@@ -51,22 +53,32 @@ class DeferralState:
 
     count: int = 0
     first_at: float | None = None
+    grown: int = 0  # deferrals that waited out an estimate: the next delay's growth exponent
 
     @classmethod
     def of(cls, task: Task[Any, Any]) -> DeferralState:
         headers = task.request.headers or {}
-        count = headers.get(DEFERRALS, 0)
+        count = _count(headers.get(DEFERRALS)) or 0
         first = headers.get(FIRST_DEFERRED_AT)
+        grown = _count(headers.get(GROWN))
         return cls(
-            count=count if isinstance(count, int) and count >= 0 else 0,
+            count=count,
             first_at=float(first) if isinstance(first, (int, float)) else None,
+            grown=count if grown is None else min(grown, count),  # a message from before GROWN
         )
 
 
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def deferral_delay(
-    retry_after_s: float, deferrals: int, config: DeferralConfig, u: float, grow: bool = True
+    retry_after_s: float, grown: int, config: DeferralConfig, u: float, grow: bool = True
 ) -> float:
-    """``retry_after_s * growth**deferrals``, within [min, max], stretched by up to `jitter`.
+    """``retry_after_s * growth**grown``, within [min, max], stretched by up to `jitter`.
+
+    `grown` counts the task's earlier deferrals that waited out an estimate
+    (a breaker's cooldown, an unknown reopening): a long outage backs off.
 
     Without `grow`, for a `retry_after_s` that is when rate limits reset (not an
     estimate), the delay is that reset, stretched by at most `RESET_SPREAD_S`:
@@ -74,8 +86,8 @@ def deferral_delay(
     per deferral) would find it spent by others. Governance, not the deferral,
     keeps the returning tasks from overrunning the provider.
     """
-    grown = retry_after_s * config.growth ** min(deferrals, 64) if grow else retry_after_s
-    base = min(config.max_delay_s, max(config.min_delay_s, grown))
+    wanted = retry_after_s * config.growth ** min(grown, 64) if grow else retry_after_s
+    base = min(config.max_delay_s, max(config.min_delay_s, wanted))
     spread = config.jitter * base if grow else min(RESET_SPREAD_S, config.jitter * base)
     return base + spread * u
 
@@ -112,8 +124,10 @@ def defer(
     if count > config.max_deferrals or now - first > config.max_defer_age_s:
         raise DeferralBudgetExceeded(reason, scope, state.count, now - first, estimate) from verdict
     reset = isinstance(verdict, AllSourcesExhausted) and verdict.rate_limited
-    delay = deferral_delay(estimate, state.count, config, random.random(), grow=not reset)
-    headers = {**(task.request.headers or {}), DEFERRALS: count, FIRST_DEFERRED_AT: first}
+    delay = deferral_delay(estimate, state.grown, config, random.random(), grow=not reset)
+    grown = state.grown if reset else state.grown + 1
+    headers = {**(task.request.headers or {}), DEFERRALS: count, GROWN: grown}
+    headers[FIRST_DEFERRED_AT] = first
     signature = task.signature_from_request(task.request, headers=headers)
     chosen = strategy or (config.strategy if runtime.redis is not None else "countdown")
     if chosen == "countdown":

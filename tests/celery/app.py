@@ -122,12 +122,14 @@ def defer_then_retry(self: Any, calls: GovernedCalls) -> str:
 
 @app.task(bind=True)
 @governed("chat")
-def reset_twice(self: Any, calls: GovernedCalls) -> str:
-    """Deferred on its first two runs as if waiting for a quota reset, done on its third."""
-    if (self.request.headers or {}).get("polygate_deferrals", 0) < 2:
-        from polygate_celery import AllSourcesExhausted  # noqa: PLC0415
+def resets_then_estimates(self: Any, calls: GovernedCalls) -> str:
+    """Deferred twice as if waiting for a quota reset, then twice for an estimated
+    reopening (as a breaker's cooldown), done on its fifth run."""
+    from polygate_celery import AllSourcesExhausted  # noqa: PLC0415
 
-        raise AllSourcesExhausted("stalled", "chat", 0.3, rate_limited=True)
+    deferrals = (self.request.headers or {}).get("polygate_deferrals", 0)
+    if deferrals < 4:
+        raise AllSourcesExhausted("stalled", "chat", 0.3, rate_limited=deferrals < 2)
     return "done"
 
 

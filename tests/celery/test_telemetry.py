@@ -11,7 +11,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from polygate_celery.celery import DEFERRED
 from polygate_celery.telemetry import AttemptEvent, DeferralEvent, VerdictEvent
 from polygate_celery.testing.simulator import SimulatedProvider
-from tests.celery.app import app, ask, reset_twice
+from tests.celery.app import app, ask, resets_then_estimates
 from tests.celery.conftest import Worker, config_data
 from tests.celery.test_outcomes import pause, wait_for_state
 from tests.celery.workers import celery_worker
@@ -50,14 +50,16 @@ def test_a_deferral_is_an_event(governed_worker: Worker, recorder: Recorder) -> 
     assert first.retry_after_s is not None
 
 
-def test_a_rate_limit_reset_is_not_grown_per_deferral(
+def test_a_rate_limit_reset_is_neither_grown_nor_counted_for_growth(
     governed_worker: Worker, recorder: Recorder
 ) -> None:
     with governed_worker(hooks=[recorder]):
-        assert reset_twice.delay().get(timeout=30) == "done"
+        assert resets_then_estimates.delay().get(timeout=30) == "done"
     events = recorder.of(DeferralEvent)
-    assert [e.deferrals for e in events] == [1, 2]
-    assert all(0.3 <= e.delay_s <= 0.3 * 1.25 for e in events)  # growth would double the 2nd
+    assert [e.deferrals for e in events] == [1, 2, 3, 4]
+    delays = [e.delay_s for e in events]
+    assert all(0.3 <= d <= 0.3 * 1.25 for d in delays[:3])  # resets, then the 1st estimate
+    assert 0.6 <= delays[3] <= 0.6 * 1.25  # the 2nd estimate grows once
 
 
 def test_prefork_pool_processes_count_into_one_multiprocess_directory(

@@ -273,9 +273,11 @@ def test_any_stream_is_a_classified_outcome(status: int, lines: list[str]) -> No
 @given(
     headers=st.none()
     | st.dictionaries(
-        st.sampled_from(["polygate_deferrals", "polygate_first_deferred_at", "other"]),
+        st.sampled_from(
+            ["polygate_deferrals", "polygate_grown", "polygate_first_deferred_at", "other"]
+        ),
         json_scalars | st.lists(json_scalars, max_size=2),
-        max_size=3,
+        max_size=4,
     )
 )
 def test_any_deferral_headers_read_as_a_sane_state(headers: dict[str, Any] | None) -> None:
@@ -283,4 +285,5 @@ def test_any_deferral_headers_read_as_a_sane_state(headers: dict[str, Any] | Non
     state = DeferralState.of(task)  # type: ignore[arg-type]
     assert isinstance(state.count, int)
     assert state.count >= 0
+    assert 0 <= state.grown <= state.count
     assert state.first_at is None or isinstance(state.first_at, float)

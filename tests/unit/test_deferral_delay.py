@@ -1,10 +1,12 @@
-"""The deferral delay: grown per deferral when it is an estimate, not when it is a reset."""
+"""The deferral delay: grown per deferral that waited out an estimate, never for a reset."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from polygate_celery.celery import deferral_delay
+from polygate_celery.celery import DeferralState, deferral_delay
 from polygate_celery.config.models import DeferralConfig
 
 CONFIG = DeferralConfig(growth=2.0, min_delay_s=1.0, max_delay_s=600.0, jitter=0.25)
@@ -30,3 +32,18 @@ def test_jitter_only_stretches() -> None:
 def test_a_reset_is_spread_by_at_most_a_second() -> None:
     assert deferral_delay(30.0, 3, CONFIG, u=1.0, grow=False) == 31.0
     assert deferral_delay(2.0, 3, CONFIG, u=1.0, grow=False) == 2.5  # 25 % of a short one
+
+
+def headers(**values: object) -> DeferralState:
+    task = SimpleNamespace(request=SimpleNamespace(headers=values))
+    return DeferralState.of(task)  # type: ignore[arg-type]
+
+
+def test_only_deferrals_that_waited_out_an_estimate_count_for_growth() -> None:
+    state = headers(polygate_deferrals=3, polygate_grown=1)
+    assert (state.count, state.grown) == (3, 1)
+
+
+def test_a_message_from_before_the_grown_header_grows_per_deferral() -> None:
+    assert headers(polygate_deferrals=3).grown == 3
+    assert headers(polygate_deferrals=2, polygate_grown=7).grown == 2  # never more than them
