@@ -234,7 +234,8 @@ class DeferralConfig(_Strict):
         2.0,
         ge=1,
         allow_inf_nan=False,
-        description="delay factor per deferral (not when waiting for a rate-limit reset)",
+        description="delay factor per earlier deferral that waited out an estimate "
+        "(a rate-limit reset is neither grown nor counted)",
     )
     min_delay_s: PositiveSeconds = Field(1.0, description="shortest deferral")
     max_delay_s: PositiveSeconds = Field(3600.0, description="longest deferral")
