@@ -143,6 +143,8 @@ class SourceConfig(SourceSettings):
         self._key = SecretStr(raw) if raw is not None else None
         if self.quota is not None and (self.rpm is not None or self.tpm is not None):
             raise ValueError("set either rpm/tpm (a private quota) or quota (a shared one)")
+        if self.rpm_window != "sliding" and self.rpm is None:
+            raise ValueError("rpm_window applies to rpm: set rpm (or the window in [quotas])")
         return self
 
 
@@ -152,6 +154,12 @@ class QuotaConfig(_Strict):
     rpm: int | None = Field(None, ge=1, description="requests per minute")
     tpm: int | None = Field(None, ge=1, description="tokens per minute")
     rpm_window: RpmWindow = Field("sliding", description=RPM_WINDOW_HELP)
+
+    @model_validator(mode="after")
+    def _window_needs_rpm(self) -> Self:
+        if self.rpm_window != "sliding" and self.rpm is None:
+            raise ValueError("rpm_window applies to rpm: set rpm")
+        return self
 
 
 class ScopeSettings(_Strict):

@@ -53,6 +53,15 @@ def gcra_reserve(tat: float, now: float, cost: float, limit: int) -> tuple[float
     return new_tat, None
 
 
+def gcra_charge(tat: float, now: float, limit: int) -> float:
+    """Charge one request to the bucket without enforcing it (at most a period ahead).
+
+    A sliding window does this on each admission, so that workers counting the
+    same quota as a bucket (during a rolling upgrade) see its admissions.
+    """
+    return min(max(tat, now) + PERIOD_S / limit, now + PERIOD_S)
+
+
 def gcra_adjust(tat: float, delta: float, limit: int) -> float:
     """Move the TAT by `delta` units (negative refunds) after the real cost is known."""
     return tat + delta * (PERIOD_S / limit)

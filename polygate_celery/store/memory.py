@@ -28,7 +28,14 @@ from polygate_celery.core.breaker import (
     breaker_reopens_at,
     breaker_settle,
 )
-from polygate_celery.core.quota import WINDOW_S, gcra_reserve, gcra_settle, gcra_spent, window_wait
+from polygate_celery.core.quota import (
+    WINDOW_S,
+    gcra_charge,
+    gcra_reserve,
+    gcra_settle,
+    gcra_spent,
+    window_wait,
+)
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.base import (
     AdmitRequest,
@@ -104,6 +111,7 @@ class MemoryStore:
             wait = window_wait(state.in_window(now), now, quota.rpm)
             if wait is not None:
                 waits.append(wait)
+            request_tat = gcra_charge(request_tat, now, quota.rpm)  # for bucket readers
         elif quota.rpm is not None:
             request_tat, wait = gcra_reserve(request_tat, now, 1, quota.rpm)
             if wait is not None:

@@ -23,6 +23,8 @@ def test_every_key_of_a_prefix_sits_in_one_cluster_slot() -> None:
         keys.state("a"),
         keys.quota("q"),
         keys.quota(None),
+        keys.quota_log("q"),
+        keys.quota_log(None),
         keys.progress("s"),
         keys.permits("other"),
         keys.released,

@@ -312,6 +312,15 @@ def test_the_rpm_window_is_sliding_unless_a_bucket_is_asked_for() -> None:
     )
 
 
+def test_an_rpm_window_without_its_own_rpm_is_refused() -> None:
+    shared = {"quotas": {"key": {"rpm": 10}}}
+    assert field_of({**shared, "sources": {"a": {"quota": "key", "rpm_window": "bucket"}}}) == (
+        "sources.a"
+    )
+    assert field_of({"sources": {"a": {"tpm": 100, "rpm_window": "bucket"}}}) == "sources.a"
+    assert field_of({"quotas": {"key": {"tpm": 100, "rpm_window": "bucket"}}}) == "quotas.key"
+
+
 def test_max_call_s_default() -> None:
     config = parse_config(
         one_scope(

@@ -205,6 +205,16 @@ async def test_sliding_rpm_spends_a_whole_minute_at_once_after_an_idle_one(h: Ha
     assert (await h.deny(source)).reopen_in_s == pytest.approx(WINDOW_S)
 
 
+async def test_workers_counting_rpm_as_a_bucket_see_the_sliding_windows_admissions(
+    h: Harness,
+) -> None:
+    sliding = SourceTerms("new", 10, quota=QuotaTerms("key", rpm=3))
+    bucket = SourceTerms("old", 10, quota=QuotaTerms("key", rpm=3, rpm_window="bucket"))
+    for _ in range(3):
+        await h.grant(sliding)
+    assert (await h.deny(bucket)).reopen_in_s == pytest.approx(20.0)  # as if it had admitted
+
+
 async def test_rpm_as_a_bucket_denies_the_request_over_the_limit_until_it_refills(
     h: Harness,
 ) -> None:

@@ -131,6 +131,9 @@ for i = 1, n do
         local oldest = redis.call('ZRANGE', lkey, excess, excess, 'WITHSCORES')
         waits[#waits + 1] = math.max(0, tonumber(oldest[2]) + window - now)
       end
+      -- Charged to the bucket too, unenforced: workers that count rpm as a bucket
+      -- (during a rolling upgrade, or after a changed setting) see this admission.
+      req_tat = math.min(math.max(req_tat, now) + 60.0 / rpm, now + 60.0)
     elseif rpm > 0 then
       local w; req_tat, w = gcra(req_tat, now, 1, rpm)
       if w then waits[#waits + 1] = w end
