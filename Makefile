@@ -25,7 +25,7 @@ SOAK_TESTS = tests/integration/test_fleet_cap.py tests/integration/test_fleet_re
              tests/celery/test_redis_faults.py
 
 soak: $(BIN)/.installed  ## heavy fault trials at full size; writes benchmarks/results/soak.md
-	POLYGATE_SOAK=1 $(BIN)/pytest -p no:cacheprovider -s --timeout 1800 $(SOAK_TESTS)
+	POLYGATE_SOAK=1 $(BIN)/pytest -p no:cacheprovider -s --timeout 3600 $(SOAK_TESTS)
 
 lint: $(BIN)/.installed  ## ruff and mypy --strict
 	$(BIN)/ruff check .

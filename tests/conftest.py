@@ -196,20 +196,36 @@ def figures(request: pytest.FixtureRequest) -> Figures:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``make soak``, write this session's figures into soak.md, keeping the rows of
+    tests it did not run (each row says which run measured it)."""
     if not soak.SOAK or not _FIGURES:
         return
+    run = f"{time.strftime('%Y-%m-%d %H:%M')}, exit {exitstatus}"
+    rows = _soak_rows() | {nodeid: f"{text} | {run}" for nodeid, text in _FIGURES}
     lines = [
         "# Soak tier: heavy fault trials at full size",
         "",
-        f"`make soak`, {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}; pytest exit status "
-        f"{exitstatus}. The CI runs the same tests at smaller sizes.",
+        f"`make soak` on {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}. Each row comes from the run it names (a run of some "
+        "of the tests rewrites their rows only). The CI runs the same tests at smaller sizes.",
         "",
-        "| test | figures |",
-        "|---|---|",
+        "| test | figures | run (pytest exit status) |",
+        "|---|---|---|",
     ]
-    lines += [f"| `{nodeid}` | {text} |" for nodeid, text in _FIGURES]
+    lines += [f"| `{nodeid}` | {row} |" for nodeid, row in rows.items()]
     SOAK_RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _soak_rows() -> dict[str, str]:
+    """The rows of the committed soak.md that name their run: test id -> "figures | run"."""
+    if not SOAK_RESULTS.exists():
+        return {}
+    rows = {}
+    for line in SOAK_RESULTS.read_text(encoding="utf-8").splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) == 3:
+            rows[cells[0].removeprefix("| ").strip("`")] = f"{cells[1]} | {cells[2].rstrip(' |')}"
+    return rows
 
 
 def drop_result_subscriptions(app: Any) -> None:

@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from celery.result import AsyncResult
 
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests import soak
-from tests.celery.app import app, ask_quietly
+from tests.celery.app import ask_quietly
 from tests.celery.conftest import config_data
 from tests.celery.workers import celery_worker
-from tests.conftest import Figures
+from tests.conftest import Figures, drop_result_subscriptions
 from tests.redis_server import RedisServer
 
 TASKS = 1_000
@@ -55,9 +56,12 @@ def test_a_frozen_then_killed_redis_loses_no_task(tmp_path: Path, figures: Figur
         data["deferral"] |= {"max_deferrals": 50}
         for scope in data["scopes"].values():
             scope["max_call_s"] = 2  # with QUICK: a lost worker's task is back within ~34 s
-        app.conf.update(broker_url=url, result_backend=url, task_default_queue="polygate-tests")
+        # A client of its own: the shared test app's producer pool stays on the first broker
+        # it used, which in a whole run is the shared test Redis, not this one.
+        client = Celery("faults_client", broker=url, backend=url)
+        client.conf.task_default_queue = "polygate-tests"
         with celery_worker(data, url, tmp_path, pool="threads", concurrency=8, settings=QUICK):
-            results = [ask_quietly.delay(f"task {i}") for i in range(TASKS)]
+            results = [client.send_task(ask_quietly.name, args=[f"task {i}"]) for i in range(TASKS)]
             wait_for(lambda: done(results) >= TASKS // 4, 120, "the run did not start")
 
             frozen_at = provider.since_start()
@@ -76,9 +80,10 @@ def test_a_frozen_then_killed_redis_loses_no_task(tmp_path: Path, figures: Figur
             wait_for(lambda: done(results) == TASKS, 300, "tasks left unfinished")
             states = Counter(r.state for r in results)
             reasons = Counter(type(r.result).__name__ for r in results if r.state == "FAILURE")
+            sent = {r.id for r in results}
+            finished = {r.id for r in results if r.state in ("SUCCESS", "FAILURE")}
+        drop_result_subscriptions(client)  # while this Redis still answers
         journal = provider.journal
-    sent = {r.id for r in results}
-    finished = {r.id for r in results if r.state in ("SUCCESS", "FAILURE")}
     assert finished == sent
     assert set(reasons) <= {"AllSourcesExhausted", "DeferralBudgetExceeded"}, reasons
     outages = [(frozen_at, thawed_at), (down_at, up_at)]
