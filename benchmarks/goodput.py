@@ -127,7 +127,7 @@ class Run:
     deferrals: int = 0
     stalled: int = 0
     peak_in_flight: int = 0
-    done_at: list[float] = field(default_factory=list)  # completion times, s since start
+    done_at: list[float] = field(default_factory=list)  # finish times (done or failed), s
     rejected_at: list[float] = field(default_factory=list)  # 429 arrival times
     in_flight: list[tuple[float, int]] = field(default_factory=list)
 
@@ -464,7 +464,7 @@ def plot(runs: list[Run], workload: Workload, scenario: str, path: Path) -> bool
                 axis.axvspan(*workload.outage_window(), color="grey", alpha=0.15)
             axis.set_xlim(0, end)
         bottom.set_xlabel("seconds")
-    axes[0][0].set_ylabel("tasks completed")
+    axes[0][0].set_ylabel("tasks finished (done or failed)")
     axes[1][0].set_ylabel("429s per second")
     axes[2][0].set_ylabel("requests in flight")
     figure.suptitle(
