@@ -17,14 +17,14 @@ demo: $(BIN)/.installed  ## the main job: a governed-call demonstration
 test: $(BIN)/.installed  ## the test suite (pytest's exit 5, "no tests collected", is not a failure)
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
-bench: $(BIN)/.installed  ## goodput against autoretry_for, tenacity and the openai client's retries (~25 min)
+bench: $(BIN)/.installed  ## goodput against autoretry_for, tenacity and the openai client's retries (~30 min)
 	$(BIN)/python benchmarks/goodput.py
 
 SOAK_TESTS = tests/integration/test_fleet_cap.py tests/integration/test_fleet_reclaim.py \
              tests/celery/test_worker_processes.py tests/celery/test_outage_run.py \
              tests/celery/test_redis_faults.py
 
-soak: $(BIN)/.installed  ## heavy fault trials at full size; writes benchmarks/results/soak.md
+soak: $(BIN)/.installed  ## heavy fault trials at full size (~1 h); writes benchmarks/results/soak.md
 	POLYGATE_SOAK=1 $(BIN)/pytest -p no:cacheprovider -s --timeout 3600 $(SOAK_TESTS)
 
 lint: $(BIN)/.installed  ## ruff and mypy --strict
