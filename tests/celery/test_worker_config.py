@@ -34,6 +34,16 @@ def test_the_settings_for_at_least_once_never_lost() -> None:
     assert settings["task_time_limit"] == conf.task_time_limit
 
 
+def test_a_lost_workers_task_is_looked_for_at_every_restore_check() -> None:
+    app = Celery("restore")
+    configure_worker(app, parse_config(CONFIG))
+    assert app.conf.broker_transport_options["unacked_restore_throttle"] == 1
+    mine = Celery("restore-mine")
+    mine.conf.broker_transport_options = {"unacked_restore_throttle": 5}
+    configure_worker(mine, parse_config(CONFIG))
+    assert mine.conf.broker_transport_options["unacked_restore_throttle"] == 5  # theirs kept
+
+
 def test_a_visibility_timeout_that_would_redeliver_a_running_task_is_refused() -> None:
     app = Celery("too-short")
     app.conf.broker_transport_options = {"visibility_timeout": 300}
