@@ -98,8 +98,9 @@ def effective_configuration(config: GatewayConfig) -> str:
                 f"{k} {v}" for k, v in (("rpm", shared.rpm), ("tpm", shared.tpm)) if v
             )
             if shared.rpm:
-                limits += " (rpm in a sliding window)" if shared.rpm_window == "sliding" else ""
-                limits += " (rpm as a bucket)" if shared.rpm_window == "bucket" else ""
+                limits += {"sliding": " (rpm in a sliding window)", "bucket": " (rpm as a bucket)"}[
+                    shared.rpm_window
+                ]
             notes = {"quota": f"shared: {limits or 'no limit'}"}
         else:
             notes = {}

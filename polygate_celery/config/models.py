@@ -33,6 +33,13 @@ Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
+
+def _check_window(window: RpmWindow, rpm: int | None, remedy: str) -> None:
+    """A window other than the default must have an rpm of its own to count."""
+    if window != "sliding" and rpm is None:
+        raise ValueError(f"rpm_window applies to rpm: {remedy}")
+
+
 RPM_WINDOW_HELP = (
     "how rpm is counted: sliding (at most rpm in any minute: never more than a provider "
     "allows) or bucket (a minute's worth at once, then evenly: for token-bucket providers)"
@@ -143,8 +150,7 @@ class SourceConfig(SourceSettings):
         self._key = SecretStr(raw) if raw is not None else None
         if self.quota is not None and (self.rpm is not None or self.tpm is not None):
             raise ValueError("set either rpm/tpm (a private quota) or quota (a shared one)")
-        if self.rpm_window != "sliding" and self.rpm is None:
-            raise ValueError("rpm_window applies to rpm: set rpm (or the window in [quotas])")
+        _check_window(self.rpm_window, self.rpm, "set rpm (or the window in [quotas])")
         return self
 
 
@@ -157,8 +163,7 @@ class QuotaConfig(_Strict):
 
     @model_validator(mode="after")
     def _window_needs_rpm(self) -> Self:
-        if self.rpm_window != "sliding" and self.rpm is None:
-            raise ValueError("rpm_window applies to rpm: set rpm")
+        _check_window(self.rpm_window, self.rpm, "set rpm")
         return self
 
 

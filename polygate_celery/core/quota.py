@@ -83,3 +83,13 @@ def gcra_spent(tat: float, now: float, limit: int) -> float:
     an underestimate settled after admission may take it past the limit.
     """
     return max(0.0, tat - now) * limit / PERIOD_S
+
+
+def requests_spent(
+    rpm: int | None, window: str, in_window: int, tat: float, now: float
+) -> float | None:
+    """Requests of the minute's allowance spent as of `now`: the admissions in the sliding
+    window, or the bucket's spent share (None without an rpm limit)."""
+    if rpm is None:
+        return None
+    return float(in_window) if window == "sliding" else gcra_spent(tat, now, rpm)

@@ -34,6 +34,7 @@ from polygate_celery.core.quota import (
     gcra_reserve,
     gcra_settle,
     gcra_spent,
+    requests_spent,
     window_wait,
 )
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
@@ -252,14 +253,12 @@ class MemoryStore:
     async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
         now = self._clock.now()
         state = self._quotas.get(quota.name, _QuotaState())
-        requests_used: float | None = None
-        if quota.rpm is not None and quota.rpm_window == "sliding":
-            requests_used = float(len(state.in_window(now)))
-        elif quota.rpm is not None:
-            requests_used = gcra_spent(state.request_tat, now, quota.rpm)
+        in_window = len(state.in_window(now))
         return QuotaSnapshot(
             name=quota.name,
-            requests_used=requests_used,
+            requests_used=requests_spent(
+                quota.rpm, quota.rpm_window, in_window, state.request_tat, now
+            ),
             tokens_used=None if quota.tpm is None else gcra_spent(state.token_tat, now, quota.tpm),
         )
 

@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
-from polygate_celery.core.quota import WINDOW_S, gcra_spent
+from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.base import (
@@ -260,14 +260,11 @@ class RedisStore:
             request_ahead_s, token_ahead_s, in_window = (float(x) for x in reply)
         except _REPLY_ERRORS as exc:
             raise GovernanceBackendError(f"quota: unexpected reply {reply!r}") from exc
-        requests_used: float | None = None
-        if quota.rpm is not None and quota.rpm_window == "sliding":
-            requests_used = in_window
-        elif quota.rpm is not None:
-            requests_used = gcra_spent(request_ahead_s, 0.0, quota.rpm)
         return QuotaSnapshot(
             name=quota.name,
-            requests_used=requests_used,
+            requests_used=requests_spent(
+                quota.rpm, quota.rpm_window, int(in_window), request_ahead_s, 0.0
+            ),
             tokens_used=None if quota.tpm is None else gcra_spent(token_ahead_s, 0.0, quota.tpm),
         )
 
