@@ -57,12 +57,12 @@ from benchmarks._processes import (  # noqa: E402
     track,
 )
 from polygate_celery import parse_config  # noqa: E402
-from polygate_celery.celery import ParkingLot, configure_worker  # noqa: E402
+from polygate_celery.celery import ParkingLot, configure_worker, lot_name  # noqa: E402
 from polygate_celery.store.redis import KeySpace  # noqa: E402
 from tests.celery.workers import toml  # noqa: E402
 
 APP = "benchmarks.celery_bench_app"
-APP_NAME = "polygate_bench"  # its Celery("polygate_bench"): the parking lot is per app name
+APP_NAME = "polygate_bench"  # its Celery("polygate_bench"): a lot per app name and broker
 TASK = {name: f"{APP}.{name}" for name in ("defer_once", "plain_noop", "governed_noop")}
 TASK.update({name: f"{APP}.{name}" for name in ("plain_call", "governed_call")})
 PARK_TARGET_MB = 20.0
@@ -197,7 +197,8 @@ class Worker:
         self.queue = queue
         self.prefix = prefix
         self.logfile = log
-        self.lot = ParkingLot(None, KeySpace(prefix), APP_NAME).keys[0]  # type: ignore[arg-type]
+        lot = lot_name(Celery(APP_NAME, broker=bench.url))  # the worker app's lot on this broker
+        self.lot = ParkingLot(None, KeySpace(prefix), lot).keys[0]  # type: ignore[arg-type]
         self.probe_queue = f"{queue}-probe"
 
     def counter(self, name: str) -> int:
@@ -639,7 +640,7 @@ def report(
         f"`AllSourcesExhausted('stalled', 'bench', {LONG_DEFERRAL_S:g})` when its "
         "`polygate_deferrals` header is 0, so every task defers on its first run), and RSS "
         f"is read again once all {n:,} have been deferred (park: the lot's sorted set, "
-        f"`{{<prefix>}}:v1:parked:{APP_NAME}`, holds "
+        f"`{{<prefix>}}:v1:parked:{APP_NAME}@<broker>`, holds "
         f"{n:,} entries; countdown: {n:,} first runs counted in Redis, then until the worker "
         "has taken no message from its queue for 3 s, since it goes on fetching the "
         "countdown copies), after a 1 s settle. Peak is `VmHWM`. Then a new no-op task is "

@@ -9,10 +9,12 @@ configure_worker(app, load_config())
 def summarise(calls, doc_id): ...
 """
 
-from polygate_celery.celery.deferral import DEFERRALS, DEFERRED, DeferralState, deferral_delay
+from polygate_celery.celery.deferral import DEFERRED, DeferralState, deferral_delay
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
-from polygate_celery.celery.parking import ParkingLot, Releaser
+from polygate_celery.celery.identity import DEFERRALS, SUBMISSION, RunIdentity
+from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
 from polygate_celery.celery.runtime import WorkerRuntime, runtime_for
+from polygate_celery.celery.signals import task_deferred
 from polygate_celery.celery.task import PoisonMessage, governed
 from polygate_celery.celery.worker import (
     check_eviction_policy,
@@ -24,18 +26,22 @@ from polygate_celery.celery.worker import (
 __all__ = [
     "DEFERRALS",
     "DEFERRED",
+    "SUBMISSION",
     "AsyncGovernedCalls",
     "DeferralState",
     "GovernedCalls",
     "ParkingLot",
     "PoisonMessage",
     "Releaser",
+    "RunIdentity",
     "WorkerRuntime",
     "check_eviction_policy",
     "configure_worker",
     "deferral_delay",
     "governed",
+    "lot_name",
     "runtime_for",
     "start_release_loop",
+    "task_deferred",
     "time_limits",
 ]

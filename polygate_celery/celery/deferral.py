@@ -8,6 +8,11 @@ deferral until rate limits reset is not grown, nor does it count), capped and
 stretched by a random jitter (never made shorter than the estimate). When the
 budget (`max_deferrals`, `max_defer_age_s`) is spent, the task fails with
 `DeferralBudgetExceeded`.
+
+Every deferral sends a Celery event ``task-deferred`` with its due time, and
+the `task_deferred` signal (`polygate_celery.celery.signals`), so monitoring
+shows the task as deferred rather than running. In eager mode
+(``task_always_eager``) nothing can be re-enqueued: the verdict is raised.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
+from polygate_celery.celery.guard import ExecutionGuard, quietly
+from polygate_celery.celery.identity import COPY, DEFERRALS
 from polygate_celery.celery.parking import (
     ParkingLot,
     broker_retrying,
     capture_message,
-    entry_id,
+    lot_name,
 )
 from polygate_celery.celery.runtime import WorkerRuntime
+from polygate_celery.celery.signals import task_deferred
 from polygate_celery.celery.worker import start_release_loop
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.errors import (
@@ -41,7 +49,6 @@ from polygate_celery.telemetry import DeferralEvent
 RESET_SPREAD_S = 1.0
 
 logger = logging.getLogger("polygate_celery")
-DEFERRALS = "polygate_deferrals"
 GROWN = "polygate_grown"  # how many of them were grown (waited out an estimate)
 FIRST_DEFERRED_AT = "polygate_first_deferred_at"
 DEFERRED = "DEFERRED"  # the task state while it waits to run again
@@ -109,10 +116,16 @@ def defer(
     task: Task[Any, Any],
     verdict: GatewayUnavailableError,
     runtime: WorkerRuntime,
+    guard: ExecutionGuard,
     *,
     strategy: str | None = None,
 ) -> NoReturn:
-    """Re-enqueue `task` to run later, and end this run without a result (Celery's Ignore)."""
+    """Re-enqueue `task` to run later, and end this run without a result (Celery's Ignore).
+
+    The deferring run is finished when the message is handed on; if handing it
+    on fails, the message goes back to the broker unacknowledged (Reject) and
+    the run is released, so its redelivery runs.
+    """
     config = runtime.config.deferral
     state = DeferralState.of(task)
     now = time.time()
@@ -128,39 +141,76 @@ def defer(
     grown = state.grown if reset else state.grown + 1
     headers = {**(task.request.headers or {}), DEFERRALS: count, GROWN: grown}
     headers[FIRST_DEFERRED_AT] = first
+    headers.pop(COPY, None)  # the next run is a new run, not a copy of this one
     signature = task.signature_from_request(task.request, headers=headers)
     chosen = strategy or (config.strategy if runtime.redis is not None else "countdown")
     if chosen == "countdown":
         delay = min(delay, countdown_cap_s(task))
     _record_deferred(task, reason, scope, estimate, count, now + delay, chosen)
-    if chosen == "park" and not _park(task, runtime, count, delay, signature):
+    entry = guard.run.deferred().key
+    if chosen == "park" and _park(task, runtime, entry, delay, signature, guard):
+        guard.forget()  # the lot marked this run finished as it took the message
+    else:
         chosen = "countdown"  # the lot lives in the store's Redis; the broker may be up
         delay = min(delay, countdown_cap_s(task))
-    if chosen == "countdown":
-        try:
-            for attempt in broker_retrying():
-                with attempt:
-                    signature.apply_async(countdown=delay)
-        except Exception as exc:
-            # Neither acknowledged nor lost: back to the broker, which redelivers it.
-            logger.error("deferring task %s failed; handing it back", task.request.id)
-            raise Reject(f"could not defer: {type(exc).__name__}", requeue=True) from exc
+        _send_later(task, signature, delay, guard)
     logger.info("task %s deferred (%s), runs again in %.1f s", task.request.id, reason, delay)
-    if runtime.telemetry.active:
-        runtime.telemetry.emit(DeferralEvent(scope, reason, count, delay, chosen, estimate))
+    _announce(task, runtime, reason, scope, estimate, count, now + delay, chosen)
     raise Ignore()
 
 
-def _park(
-    task: Task[Any, Any], runtime: WorkerRuntime, count: int, delay: float, signature: Any
-) -> bool:
-    """Park the deferred message; False if the lot could not take it."""
+def requeue_copy(task: Task[Any, Any], runtime: WorkerRuntime, guard: ExecutionGuard) -> NoReturn:
+    """Hold back a copy of a run whose heartbeat is alive: park it to look again once
+    the live run's marker would have lapsed, and drop this delivery."""
+    headers = {**(task.request.headers or {}), COPY: 1}
+    signature = task.signature_from_request(task.request, headers=headers)
+    delay = guard.wait_s + random.uniform(0.1, 0.5)
+    logger.warning(
+        "task %s: a copy of a live run (%s) arrived; it waits %.1f s",
+        task.request.id,
+        "redelivered" if guard.copy else "released twice",
+        delay,
+    )
+    if not _park(task, runtime, f"{guard.run.key}:copy", delay, signature, None):
+        _send_later(task, signature, delay, None)
+    raise Ignore()
+
+
+def _send_later(
+    task: Task[Any, Any], signature: Any, delay: float, guard: ExecutionGuard | None
+) -> None:
     try:
-        assert runtime.redis is not None
-        lot = ParkingLot(runtime.redis, runtime.keys, task.app.main or "default")
+        for attempt in broker_retrying():
+            with attempt:
+                signature.apply_async(countdown=delay)
+    except Exception as exc:
+        # Neither acknowledged nor lost: back to the broker, which redelivers it.
+        logger.error("deferring task %s failed; handing it back", task.request.id)
+        if guard is not None:
+            quietly(guard.release)
+        raise Reject(f"could not defer: {type(exc).__name__}", requeue=True) from exc
+    if guard is not None:
+        quietly(guard.finish)
+
+
+def _park(
+    task: Task[Any, Any],
+    runtime: WorkerRuntime,
+    entry: str,
+    delay: float,
+    signature: Any,
+    guard: ExecutionGuard | None,
+) -> bool:
+    """Park the message under `entry` (ending `guard`'s run); False if the lot could not
+    take it."""
+    if runtime.redis is None or runtime.keys is None:
+        return False
+    try:
+        lot = ParkingLot(runtime.redis, runtime.keys, lot_name(task.app))
         message = capture_message(signature)
         done_ttl = runtime.config.deferral.max_defer_age_s
-        runtime.run(lot.park(entry_id(task, count), delay, message, done_ttl))
+        ending = (guard.keys[1], guard.keys[0], guard.token) if guard and guard.active else None
+        runtime.run(lot.park(entry, delay, message, done_ttl, ending))
     except Exception:
         logger.warning("parking task %s failed; deferring by countdown", task.request.id)
         return False
@@ -169,6 +219,36 @@ def _park(
     except Exception:
         logger.warning("starting the release loop failed", exc_info=True)
     return True
+
+
+def _announce(
+    task: Task[Any, Any],
+    runtime: WorkerRuntime,
+    reason: str,
+    scope: str | None,
+    estimate: float,
+    count: int,
+    due_at: float,
+    strategy: str,
+) -> None:
+    """Tell monitoring (telemetry hooks, the signal, a Celery event); never fails the task."""
+    fields = {
+        "reason": reason,
+        "scope": scope,
+        "retry_after_s": estimate,
+        "deferrals": count,
+        "due_at": due_at,
+        "strategy": strategy,
+    }
+    if runtime.telemetry.active:
+        runtime.telemetry.emit(
+            DeferralEvent(scope, reason, count, due_at - time.time(), strategy, estimate)
+        )
+    task_deferred.send(sender=task, task_id=task.request.id, **fields)
+    try:
+        task.send_event("task-deferred", retry=False, **fields)  # type: ignore[arg-type]
+    except Exception:
+        logger.warning("sending task %s's deferral event failed", task.request.id, exc_info=True)
 
 
 def _record_deferred(

@@ -1,67 +1,185 @@
-"""Celery edge: one run per released message, and a cap on messages that kill workers.
+"""Celery edge: one live run per task message, and a cap on messages that kill workers.
 
-Only messages that may be copies or repeats are checked (a deferred task's
-later runs, and anything the broker redelivered), so a first, plain run costs
-no round trip. A copy of a run that finished or is still running is dropped;
-a message redelivered more than `redelivery_cap` times (each time its worker
-was lost) fails instead of killing workers forever.
+Every governed run sets a marker under its run identity (`identity`) and keeps
+it alive with a heartbeat from its worker process. A copy of the message (the
+broker redelivered it, or a release published it twice) finds one of three
+things: the run finished for good (the copy is dropped), the run's heartbeat
+alive (the copy waits in the parking lot and looks again later: on a pool that
+cannot stop the live run, such as threads after a broker blip, it must not run
+beside it), or neither (the run died with its worker: the copy runs). A run is
+marked finished only when its outcome is final; a run Celery terminates
+(``SystemExit`` at a cold shutdown or on broker connection loss) only drops
+its marker, so the copy Celery restores runs. A message whose runs died more
+than `redelivery_cap` times fails instead of killing workers forever.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
+import threading
+import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from celery import Task
 
+from polygate_celery.celery.identity import COPY, RunIdentity
 from polygate_celery.celery.runtime import WorkerRuntime
+from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.redis import LuaScript, lua_text, run_script
 
 Verdict = Literal["go", "done", "running", "poison"]
-_SCRIPT = LuaScript(lua_text("polygate_celery.celery", "execution"))
+logger = logging.getLogger("polygate_celery")
+_EXECUTION = LuaScript(lua_text("polygate_celery.celery", "execution"))
+_HEARTBEAT = LuaScript(lua_text("polygate_celery.celery", "heartbeat"))
+
+
+def run_keys(base: str, run: RunIdentity) -> list[str]:
+    return [f"{base}:run:{run.key}", f"{base}:done:{run.key}", f"{base}:redeliveries:{run.key}"]
 
 
 class ExecutionGuard:
-    def __init__(self, runtime: WorkerRuntime, task: Task[Any, Any], deferrals: int) -> None:
+    def __init__(self, runtime: WorkerRuntime, task: Task[Any, Any], run: RunIdentity) -> None:
         self.runtime = runtime
         request = task.request
-        self.redelivered = bool((request.delivery_info or {}).get("redelivered"))
-        self.deferrals = deferrals
-        self.active = runtime.redis is not None and (deferrals > 0 or self.redelivered)
-        base = runtime.keys.base if runtime.keys is not None else ""
-        run_id = f"{request.id}:{deferrals}"
-        self._keys = [
-            f"{base}:run:{run_id}",
-            f"{base}:done:{run_id}",
-            f"{base}:redeliveries:{run_id}",
-        ]
-        limit = request.timelimit[0] if request.timelimit and request.timelimit[0] else None
-        self._run_ttl = float(limit or task.app.conf.task_time_limit or 3600)
-        self._done_ttl = runtime.config.deferral.max_defer_age_s
-        self._cap = runtime.config.deferral.redelivery_cap
+        headers = request.headers or {}
+        redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        self.copy = redelivered or bool(headers.get(COPY))
+        self.run = run
+        self.active = runtime.redis is not None and runtime.keys is not None
+        self.token = uuid.uuid4().hex
+        self.keys = run_keys(runtime.keys.base, run) if self.active else []
+        config = runtime.config.deferral
+        self._run_ttl_ms = int(config.heartbeat_s * 1000 * HEARTBEATS_PER_TTL)
+        self._done_ttl = config.max_defer_age_s
+        self._cap = config.redelivery_cap
+        self.wait_s = 0.0  # after "running": how long until the live run's marker lapses
 
     def begin(self) -> Verdict:
         if not self.active:
             return "go"
-        verdict: Verdict = self.runtime.run(self._call("begin"))
+        reply = self.runtime.run(self._call("begin"))
+        verdict: Verdict = _text(reply[0])  # type: ignore[assignment]
+        if verdict == "running":
+            self.wait_s = max(0.0, int(reply[1]) / 1000)
+        elif verdict == "go":
+            heartbeat_of(self.runtime).add(self.keys[0], self.token)
         return verdict
 
     def finish(self) -> None:
-        """This message's run is over (success, failure, or deferred): copies are dropped."""
-        if self.active:
-            self.runtime.run(self._call("finish"))
+        """This message's outcome is final (success, failure, deferred): copies are dropped."""
+        self._end("finish")
 
     def release(self) -> None:
-        """This run ended but its message goes on (a Celery retry): the next copy runs."""
+        """This run ended but its message goes on (Celery terminated it): the next copy runs."""
+        self._end("release")
+
+    def forget(self) -> None:
+        """The run was ended in the store by another step (parking its deferral)."""
         if self.active:
-            self.runtime.run(self._call("release"))
+            heartbeat_of(self.runtime).discard(self.keys[0])
+
+    def _end(self, mode: str) -> None:
+        if self.active:
+            heartbeat_of(self.runtime).discard(self.keys[0])
+            self.runtime.run(self._call(mode))
 
     async def _call(self, mode: str) -> Any:
         assert self.runtime.redis is not None
-        args = [
+        args: list[str | int] = [
             mode,
-            repr(self._run_ttl),
+            self.token,
+            self._run_ttl_ms,
             repr(self._done_ttl),
-            1 if self.redelivered else 0,
+            int(self.copy),
             self._cap,
         ]
-        return await run_script(_SCRIPT, self.runtime.redis, self._keys, args)
+        return await run_script(_EXECUTION, self.runtime.redis, self.keys, args)
+
+
+def quietly(step: Callable[[], Any]) -> None:
+    """A run marker only holds copies back: failing to write one loses nothing."""
+    try:
+        step()
+    except Exception:
+        logger.warning("recording a governed task's run failed", exc_info=True)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# A run marker outlives this many missed heartbeats before its run counts as dead.
+HEARTBEATS_PER_TTL = 5
+
+
+class Heartbeat:
+    """Keeps the run markers of one worker process's live runs alive, in one script a beat.
+
+    Runs on the runtime's event loop; a beat that fails (Redis unreachable) is
+    logged once per outage, and the markers are set again when Redis answers.
+    """
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self.runtime = runtime
+        self.interval_s = runtime.config.deferral.heartbeat_s
+        self.live: dict[str, str] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._failing = 0
+
+    def add(self, key: str, token: str) -> None:
+        self.live[key] = token
+        if self._task is None:
+            self.runtime.on_loop(self._start())
+
+    def discard(self, key: str) -> None:
+        self.live.pop(key, None)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.get_loop().call_soon_threadsafe(self._task.cancel)
+
+    async def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._beat_forever())
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s * random.uniform(0.8, 1.0))
+            live = dict(self.live)
+            if live:
+                await self.beat(live)
+
+    async def beat(self, live: dict[str, str]) -> None:
+        assert self.runtime.redis is not None
+        ttl_ms = int(self.interval_s * 1000 * HEARTBEATS_PER_TTL)
+        try:
+            taken = await run_script(
+                _HEARTBEAT, self.runtime.redis, list(live), [ttl_ms, *live.values()]
+            )
+        except GovernanceBackendError as exc:
+            if self._failing == 0:
+                logger.warning("run heartbeats failed (%s); retrying every beat", exc)
+            self._failing += 1
+            return
+        if self._failing:
+            logger.warning("run heartbeats resumed after %d failed beats", self._failing)
+            self._failing = 0
+        if int(taken):
+            logger.error("%d live runs found their marker taken by another run", int(taken))
+
+
+def heartbeat_of(runtime: WorkerRuntime) -> Heartbeat:
+    """The runtime's heartbeat, made on first use."""
+    with _made:
+        beat: Heartbeat | None = getattr(runtime, "heartbeat", None)
+        if beat is None:
+            beat = Heartbeat(runtime)
+            runtime.heartbeat = beat  # type: ignore[attr-defined]
+            runtime.add_service(beat)
+        return beat
+
+
+_made = threading.Lock()

@@ -4,7 +4,9 @@ Calls run on the worker's event loop and block the task's thread (`GovernedCalls
 or are awaited in an async task body (`AsyncGovernedCalls`). With `reuse_results`,
 each successful call's result is kept in Redis under the task id and the call's
 position in the body, so a task that is deferred and runs again gets the answers
-it already paid for without asking the provider a second time.
+it already paid for without asking the provider a second time. Kept results
+belong to the submission (task id and ``polygate_submission``): another
+submission with the same task id never gets them.
 """
 
 from __future__ import annotations
@@ -62,14 +64,14 @@ class _Calls:
     def __init__(
         self,
         runtime: WorkerRuntime,
-        task_id: str,
+        submission: str,
         scope: str | None,
         *,
         reuse: bool = False,
         rerun: bool = False,
     ) -> None:
         self.runtime = runtime
-        self.task_id = task_id
+        self.submission = submission
         self.scope = scope
         self._reuse = reuse and runtime.redis is not None
         self._rerun = rerun
@@ -87,7 +89,7 @@ class _Calls:
         key = None
         if self._reuse:
             assert self.runtime.keys is not None
-            key = f"{self.runtime.keys.base}:paid:{self.task_id}:{position}"
+            key = f"{self.runtime.keys.base}:paid:{self.submission}:{position}"
             if self._rerun:
                 kept = await self._redis("get", key)
                 if kept is not None:

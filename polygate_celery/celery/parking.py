@@ -1,19 +1,26 @@
 """Celery edge: the Redis parking lot where deferred tasks wait until they are due.
 
 A deferred task's message (exactly as Celery would publish it: body, headers,
-properties, exchange and routing key) is parked in a sorted set by due time,
-so a mass deferral sits in Redis rather than in worker memory, and no ETA
-message outlives the broker's visibility timeout. Every worker process runs a
+properties, exchange and routing key; nothing else Celery publishes beside it,
+such as a task-sent event) is parked in a sorted set by due time, so a mass
+deferral sits in Redis rather than in worker memory, and no ETA message
+outlives the broker's visibility timeout. The lot is named by the app and the
+broker it returns to (`lot_name`): apps that share a store prefix never
+release each other's tasks into the wrong broker. Every worker process runs a
 release loop: claim due entries (with a lease) → publish each, unchanged, with
 kombu → confirm. A releaser that dies mid-release loses nothing (the lease
 ends and another takes over), and a copy that this might publish twice is
-dropped when it runs (`guard`, keyed by task id and deferral number).
+dropped when it runs (`guard`). An entry that is not a task message goes to
+the lot's dead letters (``:dead``, shown by ``polygate-celery status``) once.
+While Redis or the broker is unreachable the loop backs off (bounded,
+jittered) and logs once when it starts failing and once when it recovers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import random
@@ -21,7 +28,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery
 from celery.canvas import Signature
 from kombu.exceptions import OperationalError
 from redis.asyncio import Redis
@@ -34,6 +41,7 @@ from tenacity import (
 )
 
 from polygate_celery.config.models import DeferralConfig
+from polygate_celery.core.backoff import backoff_delay
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.redis import KeySpace, LuaScript, lua_text, run_script
 
@@ -49,11 +57,13 @@ _PUBLISH_FIELDS = (
     "headers",
 )
 _PLUMBING = {"retry", "retry_policy", "declare", "timeout", "confirm_timeout"}
+RELEASE_BACKOFF_MAX_S = 30.0  # the longest pause of a release loop that keeps failing
 
 
 def _scripts() -> dict[str, LuaScript]:
     package = "polygate_celery.celery"
-    return {name: LuaScript(lua_text(package, name)) for name in ("park", "claim", "confirm")}
+    names = ("park", "claim", "confirm", "bury")
+    return {name: LuaScript(lua_text(package, name)) for name in names}
 
 
 def broker_retrying() -> Retrying:
@@ -81,6 +91,8 @@ class _CapturingProducer:
         self.message: dict[str, Any] | None = None
 
     def publish(self, body: Any, **kwargs: Any) -> None:
+        if self.message is not None:
+            return  # published after the task message (a task-sent event): not the task
         fields = {name: kwargs.pop(name, None) for name in _PUBLISH_FIELDS}
         properties = {k: v for k, v in kwargs.items() if k not in _PLUMBING}
         self.message = {"body": body, **fields, "properties": properties}
@@ -112,31 +124,58 @@ def publish_message(app: Celery, message: dict[str, Any]) -> None:
             )
 
 
+def lot_name(app: Celery) -> str:
+    """``<main>@<broker>``: the app's name and a digest of its broker's address (without
+    its password), so that a parked task returns to the broker it came from."""
+    broker = app.connection_for_write().as_uri()  # the password masked
+    digest = hashlib.sha256(broker.encode()).hexdigest()[:12]
+    return f"{app.main or 'default'}@{digest}"
+
+
+_MESSAGE_FIELDS = ("body", "exchange", "routing_key", "headers", "properties")
+
+
+def _malformed(message: Any) -> str | None:
+    """Why a parked entry is not a task message, or None."""
+    if not isinstance(message, dict):
+        return f"not a message object: {type(message).__name__}"
+    missing = [name for name in _MESSAGE_FIELDS if name not in message]
+    if missing:
+        return "missing " + ", ".join(missing)
+    if not isinstance(message["headers"], dict) or not isinstance(message["properties"], dict):
+        return "headers and properties must be objects"
+    return None
+
+
 class ParkingLot:
-    """One app's lot (three keys under the store's prefix), and its scripts.
+    """One lot (four keys under the store's prefix), and its scripts."""
 
-    The lot is per Celery app (its main name): apps that share a store prefix,
-    to share permits, never release each other's tasks into the wrong broker.
-    """
-
-    def __init__(self, client: Redis, keys: KeySpace, app_name: str = "default") -> None:
+    def __init__(self, client: Redis, keys: KeySpace, name: str = "default") -> None:
         self.client = client
         self.base = keys.base
-        lot = keys.parked(app_name)
+        self.name = name
+        lot = keys.parked(name)
         self.keys = [lot, f"{lot}:msg", f"{lot}:claim"]
+        self.dead = f"{lot}:dead"
         self._scripts = _scripts()
 
     async def park(
-        self, entry_id: str, due_in_s: float, message: dict[str, Any], done_ttl_s: float
+        self,
+        entry_id: str,
+        due_in_s: float,
+        message: dict[str, Any],
+        done_ttl_s: float,
+        ending: tuple[str, str, str] | None = None,
     ) -> None:
-        """Park `entry_id` ("<task id>:<n + 1>") and mark run n of the task finished."""
-        task_id, _, deferral = entry_id.rpartition(":")
-        deferring_run = f"{self.base}:done:{task_id}:{int(deferral) - 1}"
+        """Park `entry_id` (the run the message starts); `ending` = (done key, run key,
+        token) of a deferring run, marked finished in the same step."""
+        keys = self.keys[:2] + ([ending[0], ending[1]] if ending else [])
+        token = ending[2] if ending else ""
         await run_script(
             self._scripts["park"],
             self.client,
-            [*self.keys[:2], deferring_run],
-            [entry_id, repr(max(0.0, due_in_s)), json.dumps(message), repr(done_ttl_s)],
+            keys,
+            [entry_id, repr(max(0.0, due_in_s)), json.dumps(message), repr(done_ttl_s), token],
         )
 
     async def claim(
@@ -145,13 +184,28 @@ class ParkingLot:
         reply = await run_script(
             self._scripts["claim"], self.client, self.keys, [limit, repr(lease_s), token]
         )
-        claimed = []
-        for entry_id, text in zip(reply[::2], reply[1::2], strict=True):
-            try:
-                claimed.append((str(entry_id), json.loads(text)))
-            except ValueError:
-                logger.error("parked entry %s is not a message; it is skipped", entry_id)
+        claimed: list[tuple[str, dict[str, Any]]] = []
+        for raw_id, text in zip(reply[::2], reply[1::2], strict=True):
+            entry_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+            why: str | None = "not JSON"
+            with contextlib.suppress(ValueError):
+                message = json.loads(text)
+                why = _malformed(message)
+            if why is None:
+                claimed.append((entry_id, message))
+            else:
+                await self.bury(entry_id, token, why)
         return claimed
+
+    async def bury(self, entry_id: str, token: str, why: str) -> None:
+        """Move a claimed entry that is not a task message to the dead letters, once."""
+        buried = await run_script(
+            self._scripts["bury"], self.client, [*self.keys, self.dead], [entry_id, token, why]
+        )
+        if int(buried):
+            logger.error(
+                "parked entry %s is not a task message (%s): moved to %s", entry_id, why, self.dead
+            )
 
     async def confirm(self, entry_id: str, token: str) -> bool:
         reply = await run_script(
@@ -164,6 +218,18 @@ class ParkingLot:
             return int(await self.client.zcard(self.keys[0]))
         except Exception as exc:
             raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def dead_letters(self) -> dict[str, str]:
+        """Entry id -> why it was buried (and the entry's first 4 KB)."""
+        try:
+            found = await self.client.hgetall(self.dead)
+        except Exception as exc:
+            raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
+        return {_str(k): _str(v) for k, v in found.items()}
+
+
+def _str(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class Releaser:
@@ -191,33 +257,46 @@ class Releaser:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        failed = 0  # rounds failed in a row
         while not self._stopped:
             released = 0
             try:
                 released = await self.release_due(loop)
-            except Exception:  # the loop must outlive any one round's failure
-                logger.warning("releasing parked tasks failed; retrying", exc_info=True)
+            except Exception as exc:  # the loop must outlive any one round's failure
+                if failed == 0:
+                    logger.warning(
+                        "releasing parked tasks failed (%s: %s); backing off until it works",
+                        type(exc).__name__,
+                        exc,
+                    )
+                failed += 1
+                await asyncio.sleep(self.backoff_s(failed))
+                continue
+            if failed:
+                logger.warning("releasing parked tasks works again after %d failed rounds", failed)
+                failed = 0
             if released < self.config.release_batch:
                 await asyncio.sleep(self.config.release_interval_s * random.uniform(0.5, 1.0))
 
+    def backoff_s(self, failed: int) -> float:
+        """The pause after `failed` failed rounds in a row: doubling from the release
+        interval up to `RELEASE_BACKOFF_MAX_S`, jittered."""
+        base = self.config.release_interval_s
+        return backoff_delay(failed, base, max(base, RELEASE_BACKOFF_MAX_S), random.random())
+
     async def release_due(self, loop: asyncio.AbstractEventLoop | None = None) -> int:
-        """One round: claim what is due, publish it, confirm it. Returns how many went out."""
+        """One round: claim what is due, publish it, confirm it. Returns how many went out.
+
+        A publish that fails ends the round (the broker is likely down): that entry
+        and the rest stay claimed, due again for any releaser when the lease ends.
+        """
         loop = loop or asyncio.get_running_loop()
         claimed = await self.lot.claim(
             self.config.release_batch, self.config.claim_lease_s, self.token
         )
         released = 0
         for entry_id, message in claimed:
-            try:
-                await loop.run_in_executor(None, publish_message, self.app, message)
-            except Exception:
-                # Left claimed: due again when the lease ends, for any releaser.
-                logger.warning("publishing parked task %s failed", entry_id, exc_info=True)
-                continue
+            await loop.run_in_executor(None, publish_message, self.app, message)
             await self.lot.confirm(entry_id, self.token)
             released += 1
         return released
-
-
-def entry_id(task: Task[Any, Any], deferral: int) -> str:
-    return f"{task.request.id}:{deferral}"

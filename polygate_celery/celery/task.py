@@ -34,11 +34,12 @@ from typing import Any, NoReturn, TypeVar, cast
 
 from celery import Task
 from celery._state import get_current_task
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject
 
-from polygate_celery.celery.deferral import DeferralState, defer
-from polygate_celery.celery.guard import ExecutionGuard
+from polygate_celery.celery.deferral import defer, requeue_copy
+from polygate_celery.celery.guard import ExecutionGuard, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
+from polygate_celery.celery.identity import RunIdentity
 from polygate_celery.celery.runtime import runtime_for
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, PolygateError
 
@@ -109,8 +110,18 @@ def _run(
     reuse: bool,
 ) -> Any:
     runtime = runtime_for(task.app)
-    deferrals = DeferralState.of(task).count
-    guard = ExecutionGuard(runtime, task, deferrals)
+    run = RunIdentity.of(task)
+    guard = ExecutionGuard(runtime, task, run)
+    rerun = run.deferrals > 0 or run.retries > 0 or guard.copy  # kept results may exist
+    calls = AsyncGovernedCalls(runtime, run.submission_key, scope, reuse=reuse, rerun=rerun)
+    handle = calls if is_async else GovernedCalls(calls)
+    call_args = (*args[:handle_at], handle, *args[handle_at:])
+
+    def body() -> Any:
+        return runtime.run(fn(*call_args, **kwargs)) if is_async else fn(*call_args, **kwargs)
+
+    if task.request.is_eager:
+        return _run_eagerly(task, body)
     try:
         verdict = guard.begin()
     except GovernanceBackendError as exc:
@@ -118,32 +129,58 @@ def _run(
         _defer(task, exc, runtime, guard, strategy="countdown")
     if verdict == "poison":
         raise PoisonMessage(str(task.request.id), runtime.config.deferral.redelivery_cap)
-    if verdict in ("done", "running"):
-        raise Ignore()  # a copy of a run that finished, or is running elsewhere
-    calls = AsyncGovernedCalls(
-        runtime, str(task.request.id), scope, reuse=reuse, rerun=deferrals > 0
-    )
-    handle = calls if is_async else GovernedCalls(calls)
-    call_args = (*args[:handle_at], handle, *args[handle_at:])
+    if verdict == "done":
+        raise Ignore()  # a copy of a run whose outcome is final
+    if verdict == "running":
+        requeue_copy(task, runtime, guard)  # a copy of a live run: not beside it
     try:
-        result = runtime.run(fn(*call_args, **kwargs)) if is_async else fn(*call_args, **kwargs)
+        result = body()
     except AllSourcesExhausted as exc:
         if exc.reason == "retry_exhausted":
-            _quietly(guard.finish)
+            quietly(guard.finish)
             raise
         _defer(task, exc, runtime, guard)
     except GovernanceBackendError as exc:
         _defer(task, exc, runtime, guard)
-    except Retry:
-        _quietly(guard.release)  # Celery republished the message: its next copy must run
+    except Reject as exc:
+        requeued = getattr(exc, "requeue", False)  # back to the broker: the run goes on
+        quietly(guard.release if requeued else guard.finish)
         raise
-    except (Ignore, Reject):
+    except Exception:
+        # Final: a failure (acknowledged), Ignore (Task.replace), Retry (the retry is a
+        # message of its own, with retries + 1), or an error autoretry_for turns into one.
+        quietly(guard.finish)
         raise
     except BaseException:
-        _quietly(guard.finish)
+        # SystemExit, KeyboardInterrupt: Celery terminated the run (cold shutdown, broker
+        # connection lost) and will restore its message; the copy must run.
+        quietly(guard.release)
         raise
-    _quietly(guard.finish)  # a marker that fails to be set never costs the task its result
+    quietly(guard.finish)  # a marker that fails to be set never costs the task its result
     return result
+
+
+def _run_eagerly(task: Task[Any, Any], body: Callable[[], Any]) -> Any:
+    """Eager mode (``task_always_eager``, ``apply()``): nothing can be re-enqueued, so a
+    verdict that would defer the task is raised, with a note saying so."""
+    try:
+        return body()
+    except (AllSourcesExhausted, GovernanceBackendError) as exc:
+        if isinstance(exc, AllSourcesExhausted) and exc.reason == "retry_exhausted":
+            raise
+        logger.warning(
+            "task %s ran eagerly: its verdict (%s) would defer it in a worker; raised instead",
+            task.request.id,
+            getattr(exc, "reason", "backend_error"),
+        )
+        exc.add_note(EAGER_NOTE)
+        raise
+
+
+EAGER_NOTE = (
+    "polygate_celery: this task ran eagerly (task_always_eager or apply()), where a "
+    "deferral cannot re-enqueue it; in a worker it would have been deferred"
+)
 
 
 def _defer(
@@ -154,20 +191,9 @@ def _defer(
     strategy: str | None = None,
 ) -> NoReturn:
     try:
-        defer(task, verdict, runtime, strategy=strategy)
-    except Ignore:
-        _quietly(guard.finish)  # deferred: this message's run is over
-        raise
-    except Reject:
-        raise  # handed back to the broker: the message will run again
+        defer(task, verdict, runtime, guard, strategy=strategy)
+    except (Ignore, Reject):
+        raise  # deferred (the run was ended), or handed back to the broker (released)
     except BaseException:
-        _quietly(guard.finish)
+        quietly(guard.finish)  # the deferral budget is spent: FAILURE, final
         raise
-
-
-def _quietly(step: Callable[[], None]) -> None:
-    """A guard marker only drops copies: failing to write one loses nothing."""
-    try:
-        step()
-    except Exception:
-        logger.warning("recording a governed task's run failed", exc_info=True)

@@ -23,7 +23,7 @@ import redis
 from celery import Celery, signals
 from celery.app.defaults import DEFAULTS
 
-from polygate_celery.celery.parking import ParkingLot, Releaser
+from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
 from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
@@ -133,7 +133,7 @@ def start_release_loop(app: Celery) -> Releaser | None:
     if runtime.redis is None or runtime.keys is None:
         return None
     if getattr(runtime, "releaser", None) is None:
-        lot = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
+        lot = ParkingLot(runtime.redis, runtime.keys, lot_name(app))
         releaser = Releaser(app, lot, runtime.config.deferral)
         releaser.start(runtime.loop)
         runtime.releaser = releaser  # type: ignore[attr-defined]

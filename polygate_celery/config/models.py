@@ -276,3 +276,8 @@ class DeferralConfig(_Strict):
     redelivery_cap: int = Field(
         10, ge=1, description="redeliveries of one message (a worker lost each time) before FAILURE"
     )
+    heartbeat_s: PositiveSeconds = Field(
+        2.0,
+        description="how often a worker marks its governed runs alive; a run whose marker "
+        "misses five beats counts as dead, and a copy of its message may run",
+    )

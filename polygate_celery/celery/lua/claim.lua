@@ -1,8 +1,8 @@
 -- claim.lua: claim parked messages that are due, for one release round.
 --
--- KEYS[1]  {p}:v1:parked:<app>       ZSET  entry id -> due time, or the end of a claim's lease
--- KEYS[2]  {p}:v1:parked:<app>:msg   HASH  entry id -> message
--- KEYS[3]  {p}:v1:parked:<app>:claim HASH  entry id -> the claiming releaser's token
+-- KEYS[1]  {p}:v1:parked:<lot>       ZSET  entry id -> due time, or the end of a claim's lease
+-- KEYS[2]  {p}:v1:parked:<lot>:msg   HASH  entry id -> message
+-- KEYS[3]  {p}:v1:parked:<lot>:claim HASH  entry id -> the claiming releaser's token
 -- ARGV[1]  at most this many      ARGV[2]  claim lease seconds      ARGV[3]  releaser token
 -- Returns  {id, message, id, message, ...}. A claimed entry is due again when its lease
 --          ends, so a releaser that dies mid-release loses nothing. Time: Redis TIME.

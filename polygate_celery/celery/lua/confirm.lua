@@ -1,6 +1,6 @@
 -- confirm.lua: forget a parked message its releaser has published.
 --
--- KEYS[1]  {p}:v1:parked:<app>   KEYS[2]  ...:msg   KEYS[3]  ...:claim
+-- KEYS[1]  {p}:v1:parked:<lot>   KEYS[2]  ...:msg   KEYS[3]  ...:claim
 -- ARGV[1]  entry id        ARGV[2]  the releaser's token
 -- Returns  1 if this releaser still held the claim (the entry is gone), else 0.
 

@@ -1,33 +1,37 @@
--- execution.lua: guard one run of a redelivered or released task message.
+-- execution.lua: one live run per task message, told apart by a heartbeat.
 --
--- KEYS[1]  {p}:v1:run:<task id>:<n>           STRING  a run in progress (TTL: the hard time limit)
--- KEYS[2]  {p}:v1:done:<task id>:<n>          STRING  this message's run has finished
--- KEYS[3]  {p}:v1:redeliveries:<task id>:<n>  STRING  times the message came back unacked
--- ARGV[1]  "begin" or "finish"    ARGV[2]  run TTL seconds    ARGV[3]  done TTL seconds
--- ARGV[4]  1 if the broker redelivered this message, else 0
--- ARGV[5]  redeliveries allowed
--- ARGV[1] also "release": the run ended without finishing its message (a Celery retry
---          republished it): forget the run, so the next copy runs.
--- Returns  begin: "go", "done" (a copy of a finished run: drop it), "running" (a copy of a
---          live run: drop it) or "poison" (redelivered too often); finish, release: "0".
+-- KEYS[1]  {p}:v1:run:<run>           STRING  the live run's token (TTL: a few heartbeats)
+-- KEYS[2]  {p}:v1:done:<run>          STRING  this message's run is over for good
+-- KEYS[3]  {p}:v1:redeliveries:<run>  STRING  copies that ran because their run had died
+--          (<run> = <task id>:<submission>:<deferral>:<retries>)
+-- ARGV[1]  "begin", "finish" or "release"    ARGV[2]  this run's token
+-- ARGV[3]  run marker TTL, ms                ARGV[4]  done TTL, seconds
+-- ARGV[5]  1 if this message is a copy (redelivered by the broker, or parked as a copy)
+-- ARGV[6]  copies allowed to run
+-- Returns  begin: {"go"}, {"done"} (a copy of a finished run: drop it), {"running", ms}
+--          (a copy of a run whose heartbeat is alive: check again in ms) or {"poison"}
+--          (its run died too often); finish, release: {"ok"}.
+--          finish: the outcome is final, copies are dropped; release: the run ended but
+--          its message goes on (Celery terminated it): the next copy runs.
+-- Time: Redis's own (TTLs).
 
-if ARGV[1] == 'finish' then
-  redis.call('SET', KEYS[2], '1', 'EX', math.ceil(tonumber(ARGV[3])))
-  redis.call('DEL', KEYS[1])
-  return '0'
+local mode, token = ARGV[1], ARGV[2]
+if mode == 'finish' or mode == 'release' then
+  if mode == 'finish' then
+    redis.call('SET', KEYS[2], '1', 'EX', math.ceil(tonumber(ARGV[4])))
+  end
+  if redis.call('GET', KEYS[1]) == token then redis.call('DEL', KEYS[1]) end
+  return {'ok'}
 end
-if ARGV[1] == 'release' then
-  redis.call('DEL', KEYS[1])
-  return '0'
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'done'} end
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= token then
+  return {'running', redis.call('PTTL', KEYS[1])}
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 'done' end
-local redelivered = ARGV[4] == '1'
-if redelivered then
+if ARGV[5] == '1' then
   local times = redis.call('INCR', KEYS[3])
-  redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[3])))
-  if times > tonumber(ARGV[5]) then return 'poison' end
-elseif redis.call('EXISTS', KEYS[1]) == 1 then
-  return 'running'
+  redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[4])))
+  if times > tonumber(ARGV[6]) then return {'poison'} end
 end
-redis.call('SET', KEYS[1], '1', 'EX', math.ceil(tonumber(ARGV[2])))
-return 'go'
+redis.call('SET', KEYS[1], token, 'PX', ARGV[3])
+return {'go'}
