@@ -117,7 +117,12 @@ def worker_settings(
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "event_serializer": "json",
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Celery's cancel on connection loss terminates late-acked runs so that their
+        # redelivery does not run beside them. The run markers' heartbeat already keeps a
+        # copy from running beside a live run, and the cancel loses tasks: one cancelled
+        # before its body started is marked REVOKED, and its restored copy is discarded
+        # as revoked. So runs go on, and their copies wait for them.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_transport_options": transport,
     }
     if "worker_soft_shutdown_timeout" in DEFAULTS:  # Celery 5.5 and later

@@ -7,11 +7,13 @@ Workers in other processes import it too: they read their configuration from
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
+import redis as sync_redis
 from celery import Celery, shared_task
 
-from polygate_celery import SourceFatalError, load_config
+from polygate_celery import AllSourcesExhausted, SourceFatalError, load_config
 from polygate_celery.celery import AsyncGovernedCalls, GovernedCalls, configure_worker, governed
 from polygate_celery.store.redis import redis_client
 
@@ -156,3 +158,65 @@ def after(value: Any, tag: str = "after") -> str:
 @app.task
 def collect(values: list[Any]) -> list[Any]:
     return sorted(str(v) for v in values)
+
+
+def _deferrals(task: Any) -> int:
+    return int((task.request.headers or {}).get("polygate_deferrals", 0))
+
+
+def _stall_first_run(task: Any) -> None:
+    """Defer the task on its first run, as a stalled scope would."""
+    if _deferrals(task) == 0:
+        raise AllSourcesExhausted("stalled", "chat", 0.2)
+
+
+@app.task(bind=True, autoretry_for=(ConnectionError,), max_retries=3, default_retry_delay=0.2)
+@governed("chat")
+def defer_then_autoretry(self: Any, calls: GovernedCalls) -> str:
+    """Deferred on its first run; its second run fails with a ConnectionError that
+    `autoretry_for` retries; the retry succeeds."""
+    note_run(self.request.id)
+    _stall_first_run(self)
+    if self.request.retries == 0:
+        raise ConnectionError("the network blinked")
+    return calls.chat(HELLO).value.text
+
+
+@app.task(bind=True, autoretry_for=(AllSourcesExhausted,), max_retries=3, default_retry_delay=0.2)
+@governed("chat")
+def defer_then_exhaust(self: Any, calls: GovernedCalls) -> str:
+    """Like `defer_then_autoretry`, with `autoretry_for` on `AllSourcesExhausted`: the
+    second run spends its retry budget, and Celery retries the task."""
+    note_run(self.request.id)
+    _stall_first_run(self)
+    if self.request.retries == 0:
+        raise AllSourcesExhausted("retry_exhausted", "chat", 0.0)
+    return calls.chat(HELLO).value.text
+
+
+@app.task(bind=True)
+@governed(reuse_results=True)
+def ask_kept(self: Any, calls: GovernedCalls, scope: str) -> str:
+    """One paid call in `scope`, kept for the task's next run after a deferral."""
+    note_run(self.request.id)
+    return calls.chat(HELLO, scope=scope).value.text
+
+
+@app.task(bind=True)
+@governed("chat")
+def replaced_after_deferral(self: Any, calls: GovernedCalls) -> Any:
+    """Deferred on its first run; its second run replaces itself by `ask`."""
+    note_run(self.request.id)
+    _stall_first_run(self)
+    raise self.replace(ask.s("replacement"))
+
+
+@app.task(bind=True)
+@governed("chat")
+def witnessed(self: Any, calls: GovernedCalls, scope: str = "killable") -> str:
+    """Records each run's start and end (wall time) under ``witness:<task id>``."""
+    with sync_redis.Redis.from_url(app.conf.broker_url) as client:
+        client.rpush(f"witness:{self.request.id}", f"start {time.time()}")
+        answer = calls.chat(HELLO, scope=scope).value.text
+        client.rpush(f"witness:{self.request.id}", f"end {time.time()}")
+    return answer

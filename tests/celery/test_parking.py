@@ -28,7 +28,8 @@ def test_a_releaser_that_dies_mid_release_loses_nothing(
         lot = lot_of(runtime)
         claimed = runtime.run(lot.claim(10, 1.0, "a-releaser-that-dies"))
         ((entry, _),) = claimed
-        assert entry.startswith(f"{result.id}:") and entry.endswith(":1:0")  # run 1, no retry
+        assert entry.startswith(f"{result.id}:")
+        assert entry.endswith(":1:0")  # deferral 1, no retry
         time.sleep(1.2)  # its claim lapses, unconfirmed
         other = Releaser(app, lot, runtime.config.deferral)
         assert runtime.run(other.release_due()) == 1
