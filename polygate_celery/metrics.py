@@ -285,9 +285,9 @@ class GovernanceCollector:
 
 
 def _lot_subkey(name: str) -> bool:
-    """Whether `name` (after ``parked:``) is a lot's ``:msg`` or ``:claim`` key, not a lot."""
+    """Whether `name` (after ``parked:``) is a lot's ``:msg``, ``:claim`` or ``:dead`` key."""
     base, _, suffix = name.rpartition(":")
-    return bool(base) and suffix in {"msg", "claim"}
+    return bool(base) and suffix in {"msg", "claim", "dead"}
 
 
 @dataclass

@@ -46,7 +46,7 @@ from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.redis import KeySpace, LuaScript, lua_text, run_script
 
 logger = logging.getLogger("polygate_celery")
-_TRANSIENT_BROKER_ERRORS = (OperationalError, ConnectionError, OSError, TimeoutError)
+TRANSIENT_BROKER_ERRORS = (OperationalError, ConnectionError, OSError, TimeoutError)
 # What a message keeps of Celery's publish arguments (the rest is per-publish plumbing).
 _PUBLISH_FIELDS = (
     "exchange",
@@ -69,7 +69,7 @@ def _scripts() -> dict[str, LuaScript]:
 def broker_retrying() -> Retrying:
     """Bounded retries of a publish through a transient broker error (about 5 s at most)."""
     return Retrying(
-        retry=retry_if_exception_type(_TRANSIENT_BROKER_ERRORS),
+        retry=retry_if_exception_type(TRANSIENT_BROKER_ERRORS),
         stop=stop_after_attempt(5) | stop_after_delay(5),
         wait=wait_random_exponential(multiplier=0.1, max=1.0),
         reraise=True,

@@ -40,6 +40,7 @@ from polygate_celery.celery.deferral import defer, requeue_copy
 from polygate_celery.celery.guard import ExecutionGuard, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
+from polygate_celery.celery.parking import TRANSIENT_BROKER_ERRORS
 from polygate_celery.celery.runtime import runtime_for
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, PolygateError
 
@@ -143,8 +144,16 @@ def _run(
     except GovernanceBackendError as exc:
         _defer(task, exc, runtime, guard)
     except Reject as exc:
-        requeued = getattr(exc, "requeue", False)  # back to the broker: the run goes on
-        quietly(guard.release if requeued else guard.finish)
+        if getattr(exc, "requeue", False):  # back to the broker: the run goes on
+            quietly(guard.release)
+            raise
+        reason = getattr(exc, "reason", None)
+        if isinstance(reason, TRANSIENT_BROKER_ERRORS):
+            # Celery's retry() could not publish the retry (the broker is down) and would
+            # drop the message: hand it back instead, so the retry happens on redelivery.
+            quietly(guard.release)
+            raise Reject(reason, requeue=True) from exc
+        quietly(guard.finish)
         raise
     except Exception:
         # Final: a failure (acknowledged), Ignore (Task.replace), Retry (the retry is a

@@ -33,6 +33,13 @@ logger = logging.getLogger("polygate_celery")
 # Only noeviction is safe: the volatile-* policies evict keys with a TTL, which is what
 # the duplicate guard's markers, the scope gates and the kept paid results are.
 SAFE_EVICTION = {"noeviction"}
+# About 30 s of retries, at most 2 s apart.
+PUBLISH_RETRY_POLICY = {
+    "max_retries": 20,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 2,
+}
 
 
 def time_limits(config: GatewayConfig, calls_per_task: int, extra_s: float) -> tuple[float, float]:
@@ -124,6 +131,12 @@ def worker_settings(
         # as revoked. So runs go on, and their copies wait for them.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_transport_options": transport,
+        # A result that cannot be stored while Redis restarts would fail a task that
+        # succeeded (Celery's "Task handler raised error"): retried instead.
+        "result_backend_always_retry": True,
+        # Publishes from a task (retries, chain steps, deferrals by countdown) ride out a
+        # broker restart of some seconds (Celery's default gives up after ~0.6 s).
+        "task_publish_retry_policy": PUBLISH_RETRY_POLICY,
     }
     if "worker_soft_shutdown_timeout" in DEFAULTS:  # Celery 5.5 and later
         settings["worker_soft_shutdown_timeout"] = min(60.0, soft)
@@ -143,7 +156,22 @@ def start_release_loop(app: Celery) -> Releaser | None:
         releaser.start(runtime.loop)
         runtime.releaser = releaser  # type: ignore[attr-defined]
         runtime.add_service(releaser)
+        runtime.on_loop(_drain_legacy_lot(app, runtime))
     return runtime.releaser  # type: ignore[attr-defined,no-any-return]
+
+
+async def _drain_legacy_lot(app: Celery, runtime: Any) -> None:
+    """Release what an earlier version parked under the app's name alone
+    (``parked:<main>``), if anything: a rolling upgrade loses no parked task."""
+    legacy = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
+    try:
+        if not await runtime.redis.exists(legacy.keys[0]):
+            return
+    except Exception:
+        return  # Redis unreachable at start: the lot waits for the next worker start
+    releaser = Releaser(app, legacy, runtime.config.deferral)
+    releaser.start(runtime.loop)
+    runtime.add_service(releaser)
 
 
 def check_eviction_policy(app: Celery) -> str | None:

@@ -163,5 +163,6 @@ def _quota_use(source: SourceReading) -> str:
 def _lots_table(reading: StatusReading) -> str:
     if not reading.lots:
         return "parked tasks: none"
-    rows = [[lot.app, str(lot.parked), str(lot.due)] for lot in reading.lots]
-    return table(["PARKED (APP)", "ENTRIES", "DUE NOW"], rows, numeric={1, 2})
+    rows = [[lot.app, str(lot.parked), str(lot.due), str(lot.dead)] for lot in reading.lots]
+    headers = ["PARKED (APP@BROKER)", "ENTRIES", "DUE NOW", "DEAD LETTERS"]
+    return table(headers, rows, numeric={1, 2, 3})

@@ -38,11 +38,13 @@ class ScopeReading:
 
 @dataclass(frozen=True, slots=True)
 class LotReading:
-    """A Celery app's parking lot: entries parked, and how many of them are due now."""
+    """A parking lot (``<app>@<broker digest>``): entries parked, how many of them are
+    due now, and the dead letters (entries that were not task messages)."""
 
     app: str
     parked: int
     due: int
+    dead: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,23 +89,27 @@ async def _read_source(store: RedisStore, config: GatewayConfig, name: str) -> S
 
 
 async def _read_lots(store: RedisStore, app: str | None) -> tuple[LotReading, ...]:
+    """`app`'s lots (one per broker), or every lot under the prefix."""
     client = store.client
-    if app is not None:
-        apps = [app]
-    else:
-        prefix = store.keys.parked("")
-        found = client.scan_iter(match=f"{prefix}*", _type="ZSET", count=500)
-        apps = sorted({str(key)[len(prefix) :] async for key in found})
-    if not apps:
+    prefix = store.keys.parked("")
+    names = set()
+    async for key in client.scan_iter(match=f"{prefix}{app}@*" if app else f"{prefix}*"):
+        name = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
+        base, _, suffix = name.rpartition(":")
+        if base and suffix in {"msg", "claim", "dead"}:
+            name = base
+        names.add(name)
+    if not names:
         return ()
     seconds, micros = await client.time()
     now = seconds + micros / 1_000_000
     lots = []
-    for name in apps:
+    for name in sorted(names):
         lot = store.keys.parked(name)
         async with client.pipeline(transaction=False) as pipe:
             pipe.zcard(lot)
             pipe.zcount(lot, "-inf", now)
-            parked, due = await pipe.execute()
-        lots.append(LotReading(name, int(parked), int(due)))
+            pipe.hlen(f"{lot}:dead")
+            parked, due, dead = await pipe.execute()
+        lots.append(LotReading(name, int(parked), int(due), int(dead)))
     return tuple(lots)

@@ -20,7 +20,13 @@ import redis as sync_redis
 from celery import Celery
 
 from polygate_celery import AllSourcesExhausted
-from polygate_celery.celery import ParkingLot, Releaser, lot_name, task_deferred
+from polygate_celery.celery import (
+    ParkingLot,
+    Releaser,
+    lot_name,
+    start_release_loop,
+    task_deferred,
+)
 from polygate_celery.celery.parking import capture_message
 from polygate_celery.celery.task import EAGER_NOTE
 from polygate_celery.testing.simulator import SimulatedProvider
@@ -312,3 +318,16 @@ def _clean(redis_url: str, prefix: str) -> None:
     client = sync_redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{{{prefix}}}*"):
         client.delete(key)
+
+
+def test_a_lot_parked_by_an_earlier_version_is_released(
+    governed_worker: Worker, provider: SimulatedProvider, redis_url: str
+) -> None:
+    """Before lots were named by broker, a lot was ``parked:<main>``: still released."""
+    with governed_worker() as runtime:
+        legacy = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
+        message = capture_message(ask.s("parked long ago").set(task_id=uuid.uuid4().hex))
+        runtime.run(legacy.park(f"{message['headers']['id']}:1", 0.0, message, 60.0))
+    with governed_worker():
+        start_release_loop(app)  # as a worker process does at start (worker_process_init)
+        assert ask.AsyncResult(message["headers"]["id"]).get(timeout=30) == "fine"

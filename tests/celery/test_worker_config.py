@@ -26,9 +26,9 @@ def test_the_settings_for_at_least_once_never_lost() -> None:
     assert conf.worker_prefetch_multiplier == 1
     assert conf.accept_content == ["json"]
     assert conf.result_accept_content == ["json"]
-    assert (
-        conf.worker_cancel_long_running_tasks_on_connection_loss is False
-    )  # copies wait for live runs instead
+    assert conf.worker_cancel_long_running_tasks_on_connection_loss is False  # copies wait
+    assert conf.result_backend_always_retry is True  # a result is stored once Redis is back
+    assert conf.task_publish_retry_policy["max_retries"] == 20  # rides out a broker restart
     # max_call_s = 3 * 60 + 2 * 100 = 380; two calls and 60 s more.
     assert conf.task_soft_time_limit == 2 * 380 + 60
     assert conf.task_time_limit > conf.task_soft_time_limit

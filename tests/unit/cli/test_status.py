@@ -81,25 +81,25 @@ def test_quota_use_is_what_the_minute_has_spent(cli: Cli, fleet: Fleet) -> None:
     assert 25 <= int(found[3]) <= 30
 
 
-def test_the_parked_backlog_counts_entries_and_those_due(cli: Cli, fleet: Fleet) -> None:
+def test_the_parked_backlog_counts_entries_those_due_and_dead_letters(
+    cli: Cli, fleet: Fleet
+) -> None:
     async def park(store: RedisStore) -> None:
         now = float((await store.client.time())[0])
-        due = {f"task-{i}:1": now - 10 for i in range(3)}
-        later = {f"task-{i}:1": now + 600 for i in range(3, 8)}
-        await store.client.zadd(store.keys.parked("tasks"), {**due, **later})
-        await store.client.zadd(store.keys.parked("other.app"), {"x:1": now + 60})
+        due = {f"task-{i}:s:1:0": now - 10 for i in range(3)}
+        later = {f"task-{i}:s:1:0": now + 600 for i in range(3, 8)}
+        await store.client.zadd(store.keys.parked("tasks@b1"), {**due, **later})
+        await store.client.hset(store.keys.parked("tasks@b1") + ":dead", "bad", "not JSON\n{")
+        await store.client.zadd(store.keys.parked("other.app@b2"), {"x:s:1:0": now + 60})
 
     fleet.run(park)
     out = cli("status", "--config", fleet.path).out
-    assert row(out, "tasks") == ["tasks", "8", "3"]
-    assert row(out, "other.app") == ["other.app", "1", "0"]
+    assert row(out, "tasks@b1") == ["tasks@b1", "8", "3", "1"]
+    assert row(out, "other.app@b2") == ["other.app@b2", "1", "0", "0"]
     only = cli("status", "--config", fleet.path, "--app", "tasks").out
     assert "other.app" not in only
-    assert row(only, "tasks") == ["tasks", "8", "3"]
-    assert row(cli("status", "--config", fleet.path, "--app", "idle").out, "idle")[1:] == [
-        "0",
-        "0",
-    ]
+    assert row(only, "tasks@b1") == ["tasks@b1", "8", "3", "1"]
+    assert "parked tasks: none" in cli("status", "--config", fleet.path, "--app", "idle").out
 
 
 def test_scope_narrows_the_view(cli: Cli, fleet: Fleet) -> None:
