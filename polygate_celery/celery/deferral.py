@@ -161,19 +161,22 @@ def defer(
 
 def requeue_copy(task: Task[Any, Any], runtime: WorkerRuntime, guard: ExecutionGuard) -> NoReturn:
     """Hold back a copy of a run whose heartbeat is alive: park it to look again once
-    the live run's marker would have lapsed, and drop this delivery."""
-    headers = {**(task.request.headers or {}), COPY: 1}
+    the live run's marker would have lapsed (later each time it finds the run still
+    alive, up to `COPY_WAIT_MAX_S`), and drop this delivery."""
+    cycles = _count(task.request.headers and task.request.headers.get(COPY)) or 0
+    headers = {**(task.request.headers or {}), COPY: cycles + 1}
     signature = task.signature_from_request(task.request, headers=headers)
-    delay = guard.wait_s + random.uniform(0.1, 0.5)
-    logger.warning(
-        "task %s: a copy of a live run (%s) arrived; it waits %.1f s",
-        task.request.id,
-        "redelivered" if guard.copy else "released twice",
-        delay,
-    )
+    wait = min(COPY_WAIT_MAX_S, max(guard.wait_s, 1.0) * 2 ** min(cycles, 6))
+    delay = wait + random.uniform(0.1, 0.5)
+    log = logger.warning if cycles == 0 else logger.info
+    log("task %s: a copy of a live run arrived; it looks again in %.1f s", task.request.id, delay)
     if not _park(task, runtime, f"{guard.run.key}:copy", delay, signature, None):
         _send_later(task, signature, delay, None)
     raise Ignore()
+
+
+# The longest a copy of a live run waits before it looks again.
+COPY_WAIT_MAX_S = 60.0
 
 
 def _send_later(
@@ -247,6 +250,15 @@ def _announce(
     task_deferred.send(sender=task, task_id=task.request.id, **fields)
     try:
         task.send_event("task-deferred", retry=False, **fields)  # type: ignore[arg-type]
+        # Then as a retry, which monitors (Flower) show until the task's next run starts.
+        reason_text = f"deferred ({reason}) until {time.strftime('%H:%M:%S', time.gmtime(due_at))}"
+        task.send_event(
+            "task-retried",
+            retry=False,
+            exception=reason_text,
+            traceback="",
+            **fields,  # type: ignore[arg-type]
+        )
     except Exception:
         logger.warning("sending task %s's deferral event failed", task.request.id, exc_info=True)
 

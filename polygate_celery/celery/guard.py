@@ -79,11 +79,11 @@ class ExecutionGuard:
     def forget(self) -> None:
         """The run was ended in the store by another step (parking its deferral)."""
         if self.active:
-            heartbeat_of(self.runtime).discard(self.keys[0])
+            heartbeat_of(self.runtime).discard(self.keys[0], self.token)
 
     def _end(self, mode: str) -> None:
         if self.active:
-            heartbeat_of(self.runtime).discard(self.keys[0])
+            heartbeat_of(self.runtime).discard(self.keys[0], self.token)
             self.runtime.run(self._call(mode))
 
     async def _call(self, mode: str) -> Any:
@@ -134,8 +134,9 @@ class Heartbeat:
         if self._task is None:
             self.runtime.on_loop(self._start())
 
-    def discard(self, key: str) -> None:
-        self.live.pop(key, None)
+    def discard(self, key: str, token: str) -> None:
+        if self.live.get(key) == token:  # not a newer run's of the same key
+            self.live.pop(key, None)
 
     def stop(self) -> None:
         if self._task is not None:

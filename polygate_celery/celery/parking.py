@@ -132,7 +132,7 @@ def lot_name(app: Celery) -> str:
     return f"{app.main or 'default'}@{digest}"
 
 
-_MESSAGE_FIELDS = ("body", "exchange", "routing_key", "headers", "properties")
+_MESSAGE_FIELDS = ("body", *_PUBLISH_FIELDS, "properties")  # what `publish_message` reads
 
 
 def _malformed(message: Any) -> str | None:
@@ -169,7 +169,7 @@ class ParkingLot:
     ) -> None:
         """Park `entry_id` (the run the message starts); `ending` = (done key, run key,
         token) of a deferring run, marked finished in the same step."""
-        keys = self.keys[:2] + ([ending[0], ending[1]] if ending else [])
+        keys = self.keys + ([ending[0], ending[1]] if ending else [])
         token = ending[2] if ending else ""
         await run_script(
             self._scripts["park"],

@@ -29,10 +29,11 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar, cast
 
-from celery import Task
+from celery import Task, signals
 from celery._state import get_current_task
 from celery.exceptions import Ignore, Reject
 
@@ -113,8 +114,10 @@ def _run(
     runtime = runtime_for(task.app)
     run = RunIdentity.of(task)
     guard = ExecutionGuard(runtime, task, run)
-    rerun = run.deferrals > 0 or run.retries > 0 or guard.copy  # kept results may exist
-    calls = AsyncGovernedCalls(runtime, run.submission_key, scope, reuse=reuse, rerun=rerun)
+    rerun = run.deferrals > 0 or guard.copy  # kept results may exist
+    # Kept per submission and Celery retry: a retry asks again (its answer was refused).
+    kept_as = f"{run.submission_key}:{run.retries}"
+    calls = AsyncGovernedCalls(runtime, kept_as, scope, reuse=reuse, rerun=rerun)
     handle = calls if is_async else GovernedCalls(calls)
     call_args = (*args[:handle_at], handle, *args[handle_at:])
 
@@ -138,7 +141,7 @@ def _run(
         result = body()
     except AllSourcesExhausted as exc:
         if exc.reason == "retry_exhausted":
-            quietly(guard.finish)
+            finish_after_return(guard)
             raise
         _defer(task, exc, runtime, guard)
     except GovernanceBackendError as exc:
@@ -153,20 +156,40 @@ def _run(
             # drop the message: hand it back instead, so the retry happens on redelivery.
             quietly(guard.release)
             raise Reject(reason, requeue=True) from exc
-        quietly(guard.finish)
+        finish_after_return(guard)
         raise
     except Exception:
         # Final: a failure (acknowledged), Ignore (Task.replace), Retry (the retry is a
         # message of its own, with retries + 1), or an error autoretry_for turns into one.
-        quietly(guard.finish)
+        finish_after_return(guard)
         raise
     except BaseException:
         # SystemExit, KeyboardInterrupt: Celery terminated the run (cold shutdown, broker
         # connection lost) and will restore its message; the copy must run.
         quietly(guard.release)
         raise
-    quietly(guard.finish)  # a marker that fails to be set never costs the task its result
+    finish_after_return(guard)  # a marker that fails to be set never costs the result
     return result
+
+
+_returning = threading.local()
+
+
+def finish_after_return(guard: ExecutionGuard) -> None:
+    """Mark the run finished once Celery has stored its outcome and sent its callbacks
+    (``task_postrun``), not before: a worker lost in between leaves the run unfinished,
+    and the message's copy runs (at least once) instead of being dropped."""
+    _returning.guard = guard
+
+
+def _finish_returned_run(**_: Any) -> None:
+    guard: ExecutionGuard | None = getattr(_returning, "guard", None)
+    if guard is not None:
+        _returning.guard = None
+        quietly(guard.finish)
+
+
+signals.task_postrun.connect(_finish_returned_run, weak=False)
 
 
 def _run_eagerly(task: Task[Any, Any], body: Callable[[], Any]) -> Any:
@@ -203,6 +226,9 @@ def _defer(
         defer(task, verdict, runtime, guard, strategy=strategy)
     except (Ignore, Reject):
         raise  # deferred (the run was ended), or handed back to the broker (released)
-    except BaseException:
+    except Exception:
         quietly(guard.finish)  # the deferral budget is spent: FAILURE, final
+        raise
+    except BaseException:
+        quietly(guard.release)  # terminated mid-deferral: nothing was handed on
         raise

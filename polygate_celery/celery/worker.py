@@ -15,7 +15,9 @@ broker's unacknowledged-message records survive, so run Redis with AOF
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,28 +152,41 @@ def start_release_loop(app: Celery) -> Releaser | None:
     runtime = runtime_for(app)
     if runtime.redis is None or runtime.keys is None:
         return None
-    if getattr(runtime, "releaser", None) is None:
+    with _starting:
+        return _start_release_loop(app, runtime)
+
+
+_starting = threading.Lock()
+
+
+def _start_release_loop(app: Celery, runtime: Any) -> Releaser:
+    releaser: Releaser | None = getattr(runtime, "releaser", None)
+    if releaser is None:
         lot = ParkingLot(runtime.redis, runtime.keys, lot_name(app))
         releaser = Releaser(app, lot, runtime.config.deferral)
         releaser.start(runtime.loop)
-        runtime.releaser = releaser  # type: ignore[attr-defined]
+        runtime.releaser = releaser
         runtime.add_service(releaser)
         runtime.on_loop(_drain_legacy_lot(app, runtime))
-    return runtime.releaser  # type: ignore[attr-defined,no-any-return]
+    return releaser
 
 
 async def _drain_legacy_lot(app: Celery, runtime: Any) -> None:
     """Release what an earlier version parked under the app's name alone
-    (``parked:<main>``), if anything: a rolling upgrade loses no parked task."""
+    (``parked:<main>``), until that lot is empty: a rolling upgrade loses no parked task."""
     legacy = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
-    try:
-        if not await runtime.redis.exists(legacy.keys[0]):
-            return
-    except Exception:
-        return  # Redis unreachable at start: the lot waits for the next worker start
     releaser = Releaser(app, legacy, runtime.config.deferral)
-    releaser.start(runtime.loop)
-    runtime.add_service(releaser)
+    interval = runtime.config.deferral.release_interval_s
+    failed = 0
+    while True:
+        try:
+            if not await legacy.size():
+                return
+            await releaser.release_due()
+            failed = 0
+        except Exception:
+            failed += 1  # Redis or the broker away: the main release loop logs it
+        await asyncio.sleep(releaser.backoff_s(failed) if failed else interval)
 
 
 def check_eviction_policy(app: Celery) -> str | None:

@@ -12,13 +12,18 @@
 --          (a copy of a run whose heartbeat is alive: check again in ms) or {"poison"}
 --          (its run died too often); finish, release: {"ok"}.
 --          finish: the outcome is final, copies are dropped; release: the run ended but
---          its message goes on (Celery terminated it): the next copy runs.
+--          its message goes on (Celery terminated it, or it was handed back): the next
+--          copy runs, and is not counted as a copy of a dead run.
 -- Time: Redis's own (TTLs).
 
 local mode, token = ARGV[1], ARGV[2]
 if mode == 'finish' or mode == 'release' then
   if mode == 'finish' then
     redis.call('SET', KEYS[2], '1', 'EX', math.ceil(tonumber(ARGV[4])))
+  else
+    -- handed back, not lost: the copy that runs next does not count toward the cap
+    redis.call('DECR', KEYS[3])
+    redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[4])))
   end
   if redis.call('GET', KEYS[1]) == token then redis.call('DEL', KEYS[1]) end
   return {'ok'}

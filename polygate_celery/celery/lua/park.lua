@@ -5,8 +5,10 @@
 -- KEYS[1]  {p}:v1:parked:<lot>        ZSET    entry id -> due time (s); a claim moves it
 --                                             to the end of the claim's lease
 -- KEYS[2]  {p}:v1:parked:<lot>:msg    HASH    entry id -> the message, as JSON
--- KEYS[3]  {p}:v1:done:<run>          STRING  the deferring run is over (deferrals only)
--- KEYS[4]  {p}:v1:run:<run>           STRING  the deferring run's marker (deferrals only)
+-- KEYS[3]  {p}:v1:parked:<lot>:claim  HASH    entry id -> a releaser's token: parking an
+--                                             entry again voids a claim on its old message
+-- KEYS[4]  {p}:v1:done:<run>          STRING  the deferring run is over (deferrals only)
+-- KEYS[5]  {p}:v1:run:<run>           STRING  the deferring run's marker (deferrals only)
 -- ARGV[1]  entry id: the run the message starts (parking it again changes nothing else)
 -- ARGV[2]  seconds until due      ARGV[3]  the message      ARGV[4]  done TTL seconds
 -- ARGV[5]  the deferring run's token
@@ -16,8 +18,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-if KEYS[3] then
-  redis.call('SET', KEYS[3], '1', 'EX', math.ceil(tonumber(ARGV[4])))
-  if redis.call('GET', KEYS[4]) == ARGV[5] then redis.call('DEL', KEYS[4]) end
+redis.call('HDEL', KEYS[3], ARGV[1])
+if KEYS[4] then
+  redis.call('SET', KEYS[4], '1', 'EX', math.ceil(tonumber(ARGV[4])))
+  if redis.call('GET', KEYS[5]) == ARGV[5] then redis.call('DEL', KEYS[5]) end
 end
 return '0'
