@@ -124,8 +124,8 @@ def _run(
     def body() -> Any:
         return runtime.run(fn(*call_args, **kwargs)) if is_async else fn(*call_args, **kwargs)
 
-    if task.request.is_eager:
-        return _run_eagerly(task, body)
+    if task.request.is_eager or task.request.called_directly:
+        return _run_eagerly(task, body)  # no message to defer, nor copies to guard against
     try:
         verdict = guard.begin()
     except GovernanceBackendError as exc:
@@ -193,8 +193,9 @@ signals.task_postrun.connect(_finish_returned_run, weak=False)
 
 
 def _run_eagerly(task: Task[Any, Any], body: Callable[[], Any]) -> Any:
-    """Eager mode (``task_always_eager``, ``apply()``): nothing can be re-enqueued, so a
-    verdict that would defer the task is raised, with a note saying so."""
+    """Eager mode (``task_always_eager``, ``apply()``) or a direct call (``task(...)``):
+    nothing can be re-enqueued, so a verdict that would defer the task is raised, with
+    a note saying so."""
     try:
         return body()
     except (AllSourcesExhausted, GovernanceBackendError) as exc:
@@ -210,8 +211,8 @@ def _run_eagerly(task: Task[Any, Any], body: Callable[[], Any]) -> Any:
 
 
 EAGER_NOTE = (
-    "polygate_celery: this task ran eagerly (task_always_eager or apply()), where a "
-    "deferral cannot re-enqueue it; in a worker it would have been deferred"
+    "polygate_celery: this task ran eagerly (task_always_eager, apply() or a direct "
+    "call), where a deferral cannot re-enqueue it; in a worker it would have been deferred"
 )
 
 

@@ -177,8 +177,11 @@ def test_eager_mode_raises_the_deferral_verdict(governed_worker: Worker, broker:
         assert result.state == "FAILURE"
         with pytest.raises(AllSourcesExhausted) as caught:
             result.get()
+        with pytest.raises(AllSourcesExhausted) as direct:
+            ask("called directly")  # no message either: raised, nothing marked
     assert caught.value.reason == "stalled"
     assert EAGER_NOTE in (caught.value.__notes__ or [])
+    assert EAGER_NOTE in (direct.value.__notes__ or [])
     assert runs(broker, result.id) == 1
 
 
