@@ -155,7 +155,7 @@ def defer(
         delay = min(delay, countdown_cap_s(task))
         _send_later(task, signature, delay, guard)
     logger.info("task %s deferred (%s), runs again in %.1f s", task.request.id, reason, delay)
-    _announce(task, runtime, reason, scope, estimate, count, now + delay, chosen)
+    _announce(task, runtime, reason, scope, estimate, count, now, delay, chosen)
     raise Ignore()
 
 
@@ -231,10 +231,12 @@ def _announce(
     scope: str | None,
     estimate: float,
     count: int,
-    due_at: float,
+    now: float,
+    delay: float,
     strategy: str,
 ) -> None:
     """Tell monitoring (telemetry hooks, the signal, a Celery event); never fails the task."""
+    due_at = now + delay
     fields = {
         "reason": reason,
         "scope": scope,
@@ -244,9 +246,7 @@ def _announce(
         "strategy": strategy,
     }
     if runtime.telemetry.active:
-        runtime.telemetry.emit(
-            DeferralEvent(scope, reason, count, due_at - time.time(), strategy, estimate)
-        )
+        runtime.telemetry.emit(DeferralEvent(scope, reason, count, delay, strategy, estimate))
     task_deferred.send(sender=task, task_id=task.request.id, **fields)
     try:
         task.send_event("task-deferred", retry=False, **fields)  # type: ignore[arg-type]
