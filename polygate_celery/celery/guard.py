@@ -26,6 +26,7 @@ from typing import Any, Literal
 from celery import Task
 
 from polygate_celery.celery.identity import COPY, RunIdentity
+from polygate_celery.celery.parking import lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.redis import LuaScript, lua_text, run_script
@@ -56,6 +57,10 @@ class ExecutionGuard:
         self._done_ttl = config.max_defer_age_s
         self._cap = config.redelivery_cap
         self.wait_s = 0.0  # after "running": how long until the live run's marker lapses
+        self.lot: list[str] | None = None
+        if self.active and (run.deferrals > 0 or self.copy):  # may come from a parking lot
+            lot = runtime.keys.parked(lot_name(task.app))
+            self.lot = [lot, f"{lot}:msg"]
 
     def begin(self) -> Verdict:
         if not self.active:
@@ -88,15 +93,13 @@ class ExecutionGuard:
 
     async def _call(self, mode: str) -> Any:
         assert self.runtime.redis is not None
-        args: list[str | int] = [
-            mode,
-            self.token,
-            self._run_ttl_ms,
-            repr(self._done_ttl),
-            int(self.copy),
-            self._cap,
-        ]
-        return await run_script(_EXECUTION, self.runtime.redis, self.keys, args)
+        ttls: list[str | int] = [self._run_ttl_ms, repr(self._done_ttl)]
+        args: list[str | int] = [mode, self.token, *ttls, int(self.copy), self._cap]
+        keys = self.keys
+        if mode == "begin" and self.lot is not None:
+            keys = [*keys, *self.lot]  # the entry this message was released from, if any
+            args.append(self.run.key)
+        return await run_script(_EXECUTION, self.runtime.redis, keys, args)
 
 
 def quietly(step: Callable[[], Any]) -> None:

@@ -8,12 +8,15 @@ outlives the broker's visibility timeout. The lot is named by the app and the
 broker it returns to (`lot_name`): apps that share a store prefix never
 release each other's tasks into the wrong broker. Every worker process runs a
 release loop: claim due entries (with a lease) → publish each, unchanged, with
-kombu → confirm. A releaser that dies mid-release loses nothing (the lease
-ends and another takes over), and a copy that this might publish twice is
-dropped when it runs (`guard`). An entry that is not a task message goes to
-the lot's dead letters (``:dead``, shown by ``polygate-celery status``) once.
-While Redis or the broker is unreachable the loop backs off (bounded,
-jittered) and logs once when it starts failing and once when it recovers.
+kombu → confirm. A confirmed entry stays until the run it starts begins (the
+run's guard forgets it), and is released again after `release_check_s` if no
+run began: a message the broker lost in delivery is not lost. A releaser that
+dies mid-release loses nothing (the lease ends and another takes over), and a
+copy that this might publish twice is dropped when it runs (`guard`). An entry
+that is not a task message goes to the lot's dead letters (``:dead``, shown by
+``polygate-celery status``) once. While Redis or the broker is unreachable the
+loop backs off (bounded, jittered) and logs once when it starts failing and
+once when it recovers.
 """
 
 from __future__ import annotations
@@ -207,9 +210,11 @@ class ParkingLot:
                 "parked entry %s is not a task message (%s): moved to %s", entry_id, why, self.dead
             )
 
-    async def confirm(self, entry_id: str, token: str) -> bool:
+    async def confirm(self, entry_id: str, token: str, keep_s: float = 0.0) -> bool:
+        """The entry's message is published: keep the entry `keep_s` more seconds (its
+        run forgets it when it begins; else it is released again), or forget it now."""
         reply = await run_script(
-            self._scripts["confirm"], self.client, self.keys, [entry_id, token]
+            self._scripts["confirm"], self.client, self.keys, [entry_id, token, repr(keep_s)]
         )
         return bool(int(reply))
 
@@ -235,10 +240,13 @@ def _str(value: Any) -> str:
 class Releaser:
     """One worker process's release loop, running on the runtime's event loop."""
 
-    def __init__(self, app: Celery, lot: ParkingLot, config: DeferralConfig) -> None:
+    def __init__(
+        self, app: Celery, lot: ParkingLot, config: DeferralConfig, *, keep: bool = True
+    ) -> None:
         self.app = app
         self.lot = lot
         self.config = config
+        self.keep_s = config.release_check_s if keep else 0.0
         self.token = uuid.uuid4().hex
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -297,6 +305,6 @@ class Releaser:
         released = 0
         for entry_id, message in claimed:
             await loop.run_in_executor(None, publish_message, self.app, message)
-            await self.lot.confirm(entry_id, self.token)
+            await self.lot.confirm(entry_id, self.token, self.keep_s)
             released += 1
         return released

@@ -175,7 +175,7 @@ async def _drain_legacy_lot(app: Celery, runtime: Any) -> None:
     """Release what an earlier version parked under the app's name alone
     (``parked:<main>``), until that lot is empty: a rolling upgrade loses no parked task."""
     legacy = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
-    releaser = Releaser(app, legacy, runtime.config.deferral)
+    releaser = Releaser(app, legacy, runtime.config.deferral, keep=False)  # no run names them
     interval = runtime.config.deferral.release_interval_s
     failed = 0
     while True:

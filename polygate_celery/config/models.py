@@ -276,6 +276,11 @@ class DeferralConfig(_Strict):
     redelivery_cap: int = Field(
         10, ge=1, description="redeliveries of one message (a worker lost each time) before FAILURE"
     )
+    release_check_s: PositiveSeconds = Field(
+        300.0,
+        description="a released task whose run has not begun after this long is released "
+        "again (its message was lost in delivery); a copy is dropped by its run's guard",
+    )
     heartbeat_s: PositiveSeconds = Field(
         2.0,
         description="how often a worker marks its governed runs alive; a run whose marker "

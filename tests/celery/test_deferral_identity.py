@@ -334,3 +334,24 @@ def test_a_lot_parked_by_an_earlier_version_is_released(
     with governed_worker():
         start_release_loop(app)  # as a worker process does at start (worker_process_init)
         assert ask.AsyncResult(message["headers"]["id"]).get(timeout=30) == "fine"
+
+
+def test_a_released_message_the_broker_lost_is_released_again(governed_worker: Worker) -> None:
+    """The release keeps the entry until its run begins: a message lost in delivery (a
+    Redis restart cutting off kombu's BRPOP reply) is released again."""
+    settings = {"release_interval_s": 60, "release_check_s": 0.5}
+    with governed_worker(deferral=settings) as runtime:
+        pause(runtime, "main", 1.5)
+        result = ask.delay("lost in delivery")
+        wait_for_state(result, "DEFERRED")
+        time.sleep(2.5)  # due now
+        lot = lot_of(runtime)
+        ((entry, _),) = runtime.run(lot.claim(10, 30.0, "a-releaser"))
+        # Published, then lost by the broker: confirmed, but no run ever begins.
+        assert runtime.run(lot.confirm(entry, "a-releaser", 0.5))
+        assert runtime.run(lot.size()) == 1  # kept until its run begins
+        time.sleep(0.7)
+        releaser = Releaser(app, lot, runtime.config.deferral)
+        assert runtime.run(releaser.release_due()) == 1  # due again: released again
+        assert result.get(timeout=20) == "fine"
+        wait_until(lambda: runtime.run(lot.size()) == 0, within_s=10)  # its run forgot it

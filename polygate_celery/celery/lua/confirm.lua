@@ -1,11 +1,24 @@
--- confirm.lua: forget a parked message its releaser has published.
+-- confirm.lua: a releaser has published a parked message.
 --
 -- KEYS[1]  {p}:v1:parked:<lot>   KEYS[2]  ...:msg   KEYS[3]  ...:claim
 -- ARGV[1]  entry id        ARGV[2]  the releaser's token
--- Returns  1 if this releaser still held the claim (the entry is gone), else 0.
+-- ARGV[3]  seconds to keep the entry until the run it starts begins (execution.lua
+--          forgets it then); 0: forget it now (a lot of an earlier version, whose
+--          entries no run names)
+-- Returns  1 if this releaser still held the claim, else 0.
+-- A kept entry is due again after ARGV[3] seconds: a published message that the broker
+-- lost before any worker ran it (kombu's Redis transport pops a message before it
+-- records it as unacknowledged) is released again; a copy is dropped by its run's guard.
+-- Time: Redis TIME.
 
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+local keep = tonumber(ARGV[3])
+if keep > 0 then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(t[2]) / 1000000 + keep, ARGV[1])
+else
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
 return 1

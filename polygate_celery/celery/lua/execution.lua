@@ -4,10 +4,13 @@
 -- KEYS[2]  {p}:v1:done:<run>          STRING  this message's run is over for good
 -- KEYS[3]  {p}:v1:redeliveries:<run>  STRING  copies that ran because their run had died
 --          (<run> = <task id>:<submission>:<deferral>:<retries>)
+-- KEYS[4]  {p}:v1:parked:<lot>        ZSET    (begin) the lot this message was released
+-- KEYS[5]  {p}:v1:parked:<lot>:msg    HASH    from: its entries "<run>" and "<run>:copy",
+--                                             kept since their release, are forgotten
 -- ARGV[1]  "begin", "finish" or "release"    ARGV[2]  this run's token
 -- ARGV[3]  run marker TTL, ms                ARGV[4]  done TTL, seconds
 -- ARGV[5]  1 if this message is a copy (redelivered by the broker, or parked as a copy)
--- ARGV[6]  copies allowed to run
+-- ARGV[6]  copies allowed to run           ARGV[7]  (begin) the run, "<run>"
 -- Returns  begin: {"go"}, {"done"} (a copy of a finished run: drop it), {"running", ms}
 --          (a copy of a run whose heartbeat is alive: check again in ms) or {"poison"}
 --          (its run died too often); finish, release: {"ok"}.
@@ -27,6 +30,10 @@ if mode == 'finish' or mode == 'release' then
   end
   if redis.call('GET', KEYS[1]) == token then redis.call('DEL', KEYS[1]) end
   return {'ok'}
+end
+if KEYS[5] then
+  redis.call('ZREM', KEYS[4], ARGV[7], ARGV[7] .. ':copy')
+  redis.call('HDEL', KEYS[5], ARGV[7], ARGV[7] .. ':copy')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'done'} end
 local owner = redis.call('GET', KEYS[1])
