@@ -237,19 +237,12 @@ def _announce(
 ) -> None:
     """Tell monitoring (telemetry hooks, the signal, a Celery event); never fails the task."""
     due_at = now + delay
-    fields = {
-        "reason": reason,
-        "scope": scope,
-        "retry_after_s": estimate,
-        "deferrals": count,
-        "due_at": due_at,
-        "strategy": strategy,
-    }
+    fields = _deferral_fields(reason, scope, estimate, count, due_at, strategy)
     if runtime.telemetry.active:
         runtime.telemetry.emit(DeferralEvent(scope, reason, count, delay, strategy, estimate))
     task_deferred.send(sender=task, task_id=task.request.id, **fields)
     try:
-        task.send_event("task-deferred", retry=False, **fields)  # type: ignore[arg-type]
+        task.send_event("task-deferred", retry=False, **fields)
         # Then as a retry, which monitors (Flower) show until the task's next run starts.
         reason_text = f"deferred ({reason}) until {time.strftime('%H:%M:%S', time.gmtime(due_at))}"
         task.send_event(
@@ -257,10 +250,24 @@ def _announce(
             retry=False,
             exception=reason_text,
             traceback="",
-            **fields,  # type: ignore[arg-type]
+            **fields,
         )
     except Exception:
         logger.warning("sending task %s's deferral event failed", task.request.id, exc_info=True)
+
+
+def _deferral_fields(
+    reason: str, scope: str | None, estimate: float, count: int, due_at: float, strategy: str
+) -> dict[str, Any]:
+    """What a deferral says of itself: in the task's DEFERRED state, its event, its signal."""
+    return {
+        "reason": reason,
+        "scope": scope,
+        "retry_after_s": estimate,
+        "deferrals": count,
+        "due_at": due_at,
+        "strategy": strategy,
+    }
 
 
 def _record_deferred(
@@ -273,14 +280,7 @@ def _record_deferred(
     strategy: str,
 ) -> None:
     """Show the task as deferred, before its next run can record anything newer."""
-    meta = {
-        "reason": reason,
-        "scope": scope,
-        "retry_after_s": estimate,
-        "deferrals": count,
-        "due_at": due_at,
-        "strategy": strategy,
-    }
+    meta = _deferral_fields(reason, scope, estimate, count, due_at, strategy)
     try:
         task.update_state(state=DEFERRED, meta=meta)
     except Exception:
