@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
@@ -49,6 +49,7 @@ from polygate_celery.store.releases import ReleaseHub, Watch
 logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
+MAX_CONNECTIONS = 64  # per store (one per worker process); more operations wait for one
 _SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate", "quota")
 # Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
 # for a connection made on another event loop); cancellation passes through.
@@ -68,9 +69,16 @@ def redis_client(
     redis-py retries connection errors and timeouts silently by default (ten
     times in 8.x), which would stretch a fail-closed verdict far past the
     socket timeout.
+
+    Past `MAX_CONNECTIONS` operations at once, an operation waits for a free
+    connection (as long as one operation may take) instead of failing: redis-py's
+    default pool raises "Too many connections" past 100, which a busy worker
+    process (many threads, one event loop) would turn into a fail-closed verdict.
     """
-    client: Redis = Redis.from_url(
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=socket_timeout_s + connect_timeout_s,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=connect_timeout_s,
         retry=Retry(NoBackoff(), 0),
@@ -79,7 +87,7 @@ def redis_client(
         health_check_interval=0,
         decode_responses=True,
     )
-    return client
+    return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
 
 
 class RedisStore:
