@@ -190,6 +190,12 @@ class ScopeSettings(_Strict):
     rate_limit_exempt: bool | None = Field(
         None, description="a 429 does not burn the retry budget (default: chat yes, others no)"
     )
+    outage_is_waiting: bool = Field(
+        True,
+        description="a transient failure while no call of the scope succeeds is charged to "
+        "waiting, not to the retry budget, so an outage defers tasks (false: every transient "
+        "failure burns the retry budget)",
+    )
 
 
 class ScopeConfig(ScopeSettings):

@@ -75,8 +75,11 @@ class AttemptRecord:
     """One line of a call's attempt trail: which source, what happened, how long.
 
     `started_s` is the offset from the start of the call. `burned_budget` says
-    whether the attempt counted against `max_attempts` (an exempt 429 does not).
-    The record is plain data so it survives a JSON result backend.
+    whether the attempt counted against `max_attempts` (an exempt 429 and a
+    failure that shows the scope down do not). `productive` says whether its time
+    was excluded from the stall budget: false when it was refunded to waiting (an
+    exempt 429, an outage's failure other than a timeout). The record is plain
+    data so it survives a JSON result backend.
     """
 
     source: str
@@ -86,6 +89,7 @@ class AttemptRecord:
     status: int | None = None
     reason: str | None = None
     burned_budget: bool = True
+    productive: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,22 +11,35 @@ Chat, embedding and OCR differ only by their `KindPolicy`. Per call:
   at the top of every iteration;
 * `max_call_s` is a hard deadline: every wait and every attempt is cut to it.
 
+An outage is waiting, not the request's failure (SPEC §3 rule 15). A
+transient failure burns the retry budget only when the scope made progress
+since the call began: another call was served meanwhile, so the failure is
+this request's own. Otherwise nothing tells it from an outage of the scope's
+sources, and it is charged to waiting: `max_attempts` is not touched, its time
+is refunded to the stall budget (a timeout's stays productive: a single
+timeout never makes a stall verdict, rule 5), and the stall verdict is checked
+after its backoff. So an outage that outlasts the stall window ends every call
+`stalled` (its task defers) however many calls are in flight, while the
+breaker keeps the outage's traffic to about one probe per cooldown; a lone
+request that can never succeed defers until the deferral budget ends it. The
+backoff grows on the call's failures of both kinds; an exempt 429's grows on
+the rate-limited streak's own counter (rule 3).
+
 Overshoot bound (SPEC §3 rule 13). Let t* be the first instant at which both
 stall conditions hold while the call is in a non-productive step. Checkpoints
 sit at the end of every non-productive step for exempt policies (top of the
-loop, and every poll) and at every poll otherwise, so the verdict arrives by
-the end of the step that contains t*:
+loop, and every poll); otherwise at every poll and after the backoff of a
+failure charged to waiting, so the verdict arrives by the end of the step
+that contains t*:
 
 * a poll for a runnable source: at most ``poll_interval_s`` (jitter ≤ 1.0);
 * a backoff: at most ``backoff_max_s``;
-* an exempt 429 attempt and its backoff: at most the source's ``timeout_s``
-  plus ``backoff_max_s``.
+* a refunded attempt (an exempt 429, an outage's failure) and its backoff: at
+  most the source's ``timeout_s`` plus ``backoff_max_s``.
 
-Hence ``t_verdict - t* <= max(poll_interval_s, max_timeout_s + backoff_max_s)``
-for exempt policies and ``<= poll_interval_s`` otherwise, where for
-non-exempt policies t* is counted only while the call waits for a runnable
-source (the one place their verdict is given). `tests/property` checks this
-bound on random scripts.
+Hence ``t_verdict - t* <= max(poll_interval_s, max_timeout_s + backoff_max_s)``,
+where for non-exempt policies t* is counted only inside a checked step.
+`tests/property` checks this bound on random scripts.
 """
 
 from __future__ import annotations
@@ -136,7 +149,9 @@ class GovernedCall:
         self.fail_fast = fail_fast
         self.clock = StallClock(rt.clock.now)
         self.deadline = self.clock.entered_at + plan.max_call_s
-        self.fails = 0
+        self.fails = 0  # failures charged to the retry budget
+        self.outage_fails = 0  # transient failures charged to waiting (rule 15)
+        self.rate_limited_streak = 0  # consecutive 429s exempt from the retry budget
         self.trail: list[AttemptRecord] = []
         self.excluded: set[str] = set()
         self.last_failure: dict[str, int] = {}
@@ -193,16 +208,15 @@ class GovernedCall:
                         self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
                     await self._on_no_runnable(admission, released)
                     continue
-            outcome = await self._attempt(admission, asked_at)
+            outcome, charged = await self._attempt(admission, asked_at)
             if outcome.kind is OutcomeKind.SUCCESS:
                 return self._result(admission.source, outcome)
-            self._judge_failure(admission.source, outcome)
+            self._judge_failure(admission.source, outcome, charged)
             if self.fails >= plan.max_attempts:
                 raise self._exhausted("retry_exhausted")
-            delay = backoff_delay(
-                self.fails, plan.backoff_base_s, plan.backoff_max_s, self.rt.random()
-            )
-            await self._wait("backoff", delay)
+            await self._wait("backoff", self._backoff(outcome, charged))
+            if not charged and not plan.policy.rate_limit_exempt:
+                await self._raise_if_stalled()  # an outage is waiting (rule 15)
 
     # -- waiting -----------------------------------------------------------------
 
@@ -256,8 +270,11 @@ class GovernedCall:
 
     # -- attempting --------------------------------------------------------------
 
-    async def _attempt(self, grant: Grant, asked_at: float) -> Outcome:
-        """Send, record and settle one attempt: the productive span of the stall clock."""
+    async def _attempt(self, grant: Grant, asked_at: float) -> tuple[Outcome, bool]:
+        """Send, settle and record one attempt: the productive span of the stall clock.
+
+        Returns the outcome and whether a failure is charged to the retry budget.
+        """
         source = grant.source
         started = self.rt.clock.now()
         full_timeout_s = self.plan.timeouts[source]
@@ -269,20 +286,54 @@ class GovernedCall:
             except BaseException:
                 await self._release(grant)
                 raise
-            if outcome.kind is OutcomeKind.RATE_LIMITED and self.plan.policy.rate_limit_exempt:
-                attempt.refund()
-            self._record(source, outcome, started, burned=not attempt.refunded)
             # An attempt the call's deadline cut short says nothing about its source.
             cut_short = outcome.timed_out and timeout_s < full_timeout_s
             await self._settle(grant, outcome, cut_short)
-        return outcome
+            charged = outcome.kind is not OutcomeKind.SUCCESS
+            if outcome.kind is OutcomeKind.RATE_LIMITED and self.plan.policy.rate_limit_exempt:
+                attempt.refund()
+                charged = False
+            elif outcome.kind is OutcomeKind.TRANSIENT and await self._scope_is_down():
+                charged = False
+                self.outage_fails += 1
+                if not outcome.timed_out:  # a timeout stays productive (rule 5)
+                    attempt.refund()
+            self._record(source, outcome, started, charged, productive=not attempt.refunded)
+        return outcome, charged
+
+    async def _scope_is_down(self) -> bool:
+        """Whether a transient failure shows the scope's sources down (SPEC §3 rule 15).
+
+        The scope's progress is the fleet-wide evidence: if no call of the scope
+        succeeded since this call began, nothing tells this request's failure
+        from an outage, and it is charged to waiting (the call ends `stalled`
+        and its task defers; the deferral budget bounds a request that can never
+        succeed). If another call succeeded meanwhile, the sources are serving
+        and the failure is this request's own: it burns the retry budget.
+        """
+        if not self.plan.outage_is_waiting:
+            return False
+        return not await self.rt.store.progress_age_s(self.plan.name) < self.clock.elapsed_s()
+
+    def _backoff(self, outcome: Outcome, charged: bool) -> float:
+        """The delay after a failure: an exempt 429 grows on the rate-limited streak's
+        own counter (reset by any other outcome), anything else on the call's failures."""
+        if outcome.kind is OutcomeKind.RATE_LIMITED and not charged:
+            self.rate_limited_streak += 1
+            n = self.rate_limited_streak
+        else:
+            self.rate_limited_streak = 0
+            n = self.fails + self.outage_fails
+        return backoff_delay(n, self.plan.backoff_base_s, self.plan.backoff_max_s, self.rt.random())
 
     def _lease(self, grant: Grant, asked_at: float) -> AbstractContextManager[object]:
         if grant.lease_s is None:
             return contextlib.nullcontext()
         return self.rt.leases.hold(self.plan.terms[grant.source], grant, asked_at)
 
-    def _record(self, source: str, outcome: Outcome, started: float, burned: bool) -> None:
+    def _record(
+        self, source: str, outcome: Outcome, started: float, burned: bool, *, productive: bool
+    ) -> None:
         record = AttemptRecord(
             source=source,
             outcome=outcome.kind.value,
@@ -291,6 +342,7 @@ class GovernedCall:
             status=outcome.status,
             reason=outcome.reason,
             burned_budget=burned,
+            productive=productive,
         )
         self.trail.append(record)
         if self.rt.telemetry.active:
@@ -383,7 +435,7 @@ class GovernedCall:
             return None
         return min(seconds, self.plan.retry_after_cap_s)
 
-    def _judge_failure(self, source: str, outcome: Outcome) -> None:
+    def _judge_failure(self, source: str, outcome: Outcome, charged: bool) -> None:
         """Count a failed attempt against the budget, or raise the verdict it settles."""
         status = f" (HTTP {outcome.status})" if outcome.status is not None else ""
         reason = f": {outcome.reason}" if outcome.reason else ""
@@ -400,8 +452,8 @@ class GovernedCall:
             if hint is not None and not self._reopening_known():
                 self.reopen_at = self.rt.clock.now() + hint
                 self.reopen_is_reset = True
-            if self.plan.policy.rate_limit_exempt:
-                return
+        if not charged:
+            return
         self.fails += 1
         if outcome.kind is OutcomeKind.REJECTED:
             self.excluded.add(source)

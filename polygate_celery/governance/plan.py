@@ -56,6 +56,7 @@ class ScopePlan:
     backoff_max_s: float
     poll_interval_s: float
     retry_after_cap_s: float
+    outage_is_waiting: bool = True
 
     @classmethod
     def build(cls, config: GatewayConfig, name: str) -> ScopePlan:
@@ -74,4 +75,5 @@ class ScopePlan:
             backoff_max_s=scope.backoff_max_s,
             poll_interval_s=scope.poll_interval_s,
             retry_after_cap_s=scope.retry_after_cap_s,
+            outage_is_waiting=scope.outage_is_waiting,
         )

@@ -80,7 +80,9 @@ def outcome_config(
             },
             "scopes": {
                 "chat": {**scope, "sources": ["main"]},
-                "down": {**scope, "sources": ["broken"]},
+                # Every failure burns the retry budget: a lone call on a source that
+                # is down would otherwise defer (SPEC §3 rule 15).
+                "down": {**scope, "sources": ["broken"], "outage_is_waiting": False},
             },
         }
     )

@@ -72,7 +72,7 @@ def test_the_deadline_defers(governed_worker: Worker) -> None:
 
 
 def test_retry_exhausted_fails_the_task_with_its_verdict(governed_worker: Worker) -> None:
-    with governed_worker(model="broken"):
+    with governed_worker(model="broken", scope={"outage_is_waiting": False}):
         result = ask.delay("doomed")
         with pytest.raises(AllSourcesExhausted) as caught:
             result.get(timeout=20)

@@ -236,17 +236,22 @@ def non_productive_steps(run: Run) -> list[Step_]:
     )
     productive = 0.0
     out: list[Step_] = []
+    charged = True  # whether the last attempt burned the retry budget
     for i, (start, seconds, what, event) in enumerate(timeline):
         end = start + seconds
-        if what == "attempt" and event.burned_budget:
+        if what == "attempt":
+            charged = event.burned_budget
+        if what == "attempt" and event.productive:
             productive += seconds
             continue
         verdict_by = end
-        if what == "attempt":  # an exempt 429: its backoff belongs to the same step
-            nxt = timeline[i + 1] if i + 1 < len(timeline) else None
-            if nxt is not None and nxt[2] == "backoff" and abs(nxt[0] - end) < 1e-9:
-                verdict_by = nxt[0] + nxt[1]
-        checked = run.exempt or what == "no_runnable"
+        nxt = timeline[i + 1] if i + 1 < len(timeline) else None
+        # A refunded attempt: its backoff belongs to the same step.
+        if what == "attempt" and nxt and nxt[2] == "backoff" and abs(nxt[0] - end) < 1e-9:
+            verdict_by = nxt[0] + nxt[1]
+        # Checkpoints: every step of an exempt call; the wait for a runnable source; the
+        # backoff after a failure charged to waiting (SPEC §3 rule 15).
+        checked = run.exempt or what == "no_runnable" or not charged
         out.append(Step_(start, end, verdict_by, productive, checked))
     return out
 
@@ -271,7 +276,7 @@ def first_due(run: Run) -> tuple[float, Step_] | None:
 
 def stalled_at(run: Run, t: float) -> float:
     records = [e.record for e in run.events if isinstance(e, AttemptEvent)]
-    productive = sum(min(r.seconds, max(0.0, t - r.started_s)) for r in records if r.burned_budget)
+    productive = sum(min(r.seconds, max(0.0, t - r.started_s)) for r in records if r.productive)
     return t - productive
 
 

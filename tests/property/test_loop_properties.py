@@ -83,11 +83,16 @@ def test_stalled_verdict_is_at_most_one_non_budget_step_late(scenario: Scenario)
         )
         assert run.ended_s - t_star <= bound + EPS
     else:
-        # Checked only while waiting for a runnable source: by the end of that poll the
-        # call has either ended or found a runnable source.
-        assert run.ended_s - t_star <= scenario.scope["poll_interval_s"] + EPS or _next_attempt_at(
-            run, step.end
+        # Checked while waiting for a runnable source and after the backoff of a failure
+        # charged to waiting: by the end of that step the call has ended or goes on.
+        # The step is a poll, or a refunded attempt and its backoff.
+        bound = max(
+            scenario.scope["poll_interval_s"],
+            max(run.timeouts.values()) + scenario.scope["backoff_max_s"],
         )
+        goes_on = _next_attempt_at(run, step.verdict_by)
+        assert run.ended_s <= step.verdict_by + EPS or goes_on
+        assert run.ended_s - t_star <= bound + EPS or goes_on
 
 
 def _next_attempt_at(run: Run, t: float) -> bool:

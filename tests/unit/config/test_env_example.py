@@ -157,6 +157,8 @@ def test_defaults_tables_show_the_real_defaults() -> None:
         default = model.model_fields[field].default
         if default is None:
             assert value == "", f"{name}: default is unset, the example shows {value!r}"
+        elif isinstance(default, bool):
+            assert value == str(default).lower(), f"{name}: default is {default}, shows {value!r}"
         else:
             assert float(value) == default, f"{name}: default is {default}, shows {value!r}"
 

@@ -71,8 +71,8 @@ async def test_cancelled_half_open_probe_frees_the_probe_slot(
     )
     config = make_config("chat", {"a": {"breaker": {"cooldown_s": 30}}}, max_attempts=5)
     gw = gateway(config, {"a": source})
-    with pytest.raises(Exception, match="retry_exhausted"):
-        await gw.call("s", "x")
+    with pytest.raises(Exception, match="fail_fast"):  # five outage failures: breaker open
+        await gw.call("s", "x", fail_fast=True)
 
     probe = asyncio.ensure_future(gw.call("s", "probe"))
     canceller = asyncio.ensure_future(cancel_at(clock, probe, clock.now() + 60))  # type: ignore[arg-type]

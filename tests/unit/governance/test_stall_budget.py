@@ -125,11 +125,14 @@ async def test_non_productive_waiting_alone_stalls(
     assert (verdict, WINDOW < ended <= WINDOW + 1) == ("stalled", True)
 
 
-async def test_chat_429_saturation_stalls_with_delay_pinned_at_base_tier(
+async def test_chat_429_saturation_backs_off_on_its_streak_and_stalls(
     clock: VirtualClock, gateway: GatewayFactory, recorder: Recorder
 ) -> None:
+    """SPEC §3 rule 3: 429s without a hint grow the delay on the streak's own counter."""
     source = ScriptedSource.always(clock, steps.rate_limited(duration_s=0.5))
-    config = make_config("chat", stall_window_s=30, backoff_base_s=2, max_attempts=3)
+    config = make_config(
+        "chat", stall_window_s=30, backoff_base_s=2, backoff_max_s=8, max_attempts=3
+    )
     gw = gateway(config, {"a": source})
 
     with pytest.raises(AllSourcesExhausted) as caught:
@@ -138,8 +141,22 @@ async def test_chat_429_saturation_stalls_with_delay_pinned_at_base_tier(
     assert caught.value.reason == "stalled"
     backoffs = [e.seconds for e in recorder.of(WaitEvent) if e.cause == "backoff"]
     assert len(backoffs) > 3  # more 429s than max_attempts: none burned the budget
-    assert set(backoffs) == {1.0}  # backoff_delay(1) with the random source at 0
+    # backoff_delay(streak) with the random source at 0, capped at backoff_max_s
+    assert backoffs == [1.0, 2.0, 4.0] + [4.0] * (len(backoffs) - 3)
     assert source.attempts == len(backoffs)  # each 429 is followed by one backoff
+
+
+async def test_another_outcome_resets_the_rate_limited_streak(
+    clock: VirtualClock, gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    script = [steps.rate_limited()] * 3 + [steps.server_error()] + [steps.rate_limited()] * 2
+    source = ScriptedSource(clock, iter([*script, steps.ok()]))
+    config = make_config("chat", backoff_base_s=2, backoff_max_s=60, max_attempts=5)
+    gw = gateway(config, {"a": source})
+    await gw.call("s", "x")
+    backoffs = [e.seconds for e in recorder.of(WaitEvent) if e.cause == "backoff"]
+    # three 429s (1, 2, 4), a 500 (the call's first failure: 1), then the streak anew
+    assert backoffs == [1.0, 2.0, 4.0, 1.0, 1.0, 2.0]
 
 
 async def test_two_concurrent_calls_keep_separate_clocks(
