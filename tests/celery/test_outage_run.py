@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis as sync_redis
 
-from polygate_celery import AllSourcesExhausted
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
-from tests.celery.app import record
+from tests.celery.app import app, ask, record
 from tests.celery.conftest import Worker
+from tests.celery.workers import celery_worker
 from tests.conftest import Figures
 from tests.soak import size
 
@@ -30,18 +33,14 @@ def outage_provider() -> Iterator[SimulatedProvider]:
         yield provider
 
 
-def outage_settings(provider: SimulatedProvider, max_attempts: int) -> dict[str, Any]:
+def outage_settings(provider: SimulatedProvider) -> dict[str, Any]:
+    """The test worker's fast settings, with the retry budget and the breaker at their
+    defaults (the fixture's `max_attempts` of 2 is the only other override)."""
     return {
-        "scope": {"stall_window_s": WINDOW_S, "max_attempts": max_attempts, "poll_interval_s": 0.2},
+        "scope": {"stall_window_s": WINDOW_S, "max_attempts": 3, "poll_interval_s": 0.2},
         "deferral": {"min_delay_s": 0.5, "max_delay_s": 4.0, "max_deferrals": 50},
         "sources": {
-            "main": {
-                "base_url": provider.url,
-                "model": "up",
-                "timeout_s": 2,
-                "max_concurrency": 16,
-                "breaker": {"failure_threshold": 3, "cooldown_s": 1.0},
-            },
+            "main": {"base_url": provider.url, "model": "up", "timeout_s": 2},
             "other": {"base_url": provider.url, "model": "up", "timeout_s": 2},
         },
     }
@@ -51,7 +50,7 @@ def test_an_outage_longer_than_the_stall_window_defers_and_loses_nothing(
     governed_worker: Worker, outage_provider: SimulatedProvider, broker: str, figures: Figures
 ) -> None:
     started = time.monotonic()
-    with governed_worker(concurrency=16, **outage_settings(outage_provider, max_attempts=10)):
+    with governed_worker(concurrency=16, **outage_settings(outage_provider)):
         results = [record.delay(f"task {i}") for i in range(TASKS)]
         outcomes = [r.get(timeout=240, propagate=False) for r in results]
         states = Counter(r.state for r in results)
@@ -71,13 +70,72 @@ def test_an_outage_longer_than_the_stall_window_defers_and_loses_nothing(
     assert sum(n * k for n, k in deferrals.items()) > 0  # the outage did defer tasks
 
 
-def test_with_the_retry_budget_spent_the_outage_fails_tasks(
-    governed_worker: Worker, outage_provider: SimulatedProvider
+@pytest.fixture
+def poison_provider() -> Iterator[SimulatedProvider]:
+    """A provider that serves every request but those that mention "poison"."""
+    models = {"up": ModelBehaviour(reply="fine", poison="poison", latency_s=(0.2, 0.2))}
+    with SimulatedProvider(models) as provider:
+        yield provider
+
+
+def test_a_request_that_fails_while_its_source_serves_others_fails_the_task(
+    governed_worker: Worker, poison_provider: SimulatedProvider
 ) -> None:
-    settings = outage_settings(outage_provider, max_attempts=1)
-    settings["sources"]["main"]["breaker"]["failure_threshold"] = 1000  # never opens
+    """Its failures are its own (SPEC §3 rule 15): the retry budget ends it, with
+    the default `max_attempts`; the other tasks all succeed."""
+    settings = outage_settings(poison_provider)
+    settings["scope"].pop("max_attempts")
     with governed_worker(concurrency=8, **settings):
-        results = [record.delay(f"task {i}") for i in range(50)]
-        errors = [r.get(timeout=60, propagate=False) for r in results]
-    assert all(isinstance(e, AllSourcesExhausted) for e in errors)
+        doomed = [ask.delay(f"poison {i}") for i in range(3)]
+        served: list[Any] = []
+        while not all(r.ready() for r in doomed):  # keep the source serving others
+            served += [ask.delay(f"fine {i}") for i in range(8)]
+            time.sleep(0.5)
+        errors = [r.get(timeout=60, propagate=False) for r in doomed]
+        answers = [r.get(timeout=60) for r in served]
+    assert [type(e).__name__ for e in errors] == ["AllSourcesExhausted"] * 3
     assert {e.reason for e in errors} == {"retry_exhausted"}
+    assert {r.state for r in doomed} == {"FAILURE"}
+    assert answers == ["fine"] * len(served)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_refused_then_503_with_default_settings_defers_every_task_on_prefork(
+    broker: str, redis_url: str, tmp_path: Path, figures: Figures
+) -> None:
+    """The provider refuses connections for 4 s, then answers 503 for 4 s, then serves:
+    200 tasks on a prefork worker, every setting at its default but the stall window
+    (3 s) and the key prefix. None fails; all succeed once the source is back."""
+    app.conf.update(broker_url=broker, result_backend=broker, task_default_queue="polygate-tests")
+    port = free_port()
+    prefix = f"outage-{uuid.uuid4().hex[:10]}"
+    config = {
+        "store": {"redis_url": redis_url, "key_prefix": prefix},
+        "sources": {"main": {"base_url": f"http://127.0.0.1:{port}/v1", "model": "up"}},
+        "scopes": {"chat": {"kind": "chat", "sources": ["main"], "stall_window_s": 3}},
+    }
+    started = time.monotonic()
+    try:
+        with celery_worker(config, broker, tmp_path, pool="prefork", concurrency=8):
+            results = [ask.delay(f"task {i}") for i in range(200)]
+            time.sleep(4.0)  # nothing listens: every connection is refused
+            models = {"up": ModelBehaviour(reply="fine", outages=((0.0, 4.0),))}
+            with SimulatedProvider(models, port=port) as provider:
+                outcomes = [r.get(timeout=300, propagate=False) for r in results]
+                states = Counter(r.state for r in results)
+                answered = Counter(e.status for e in provider.journal)
+    finally:
+        client = sync_redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{{{prefix}}}*"):
+            client.delete(key)
+    figures(
+        f"200 tasks, refused 4 s then 503 for 4 s, defaults: {dict(states)} in "
+        f"{time.monotonic() - started:.0f} s; provider answers {dict(answered)}"
+    )
+    assert states == {"SUCCESS": 200}, [o for o in outcomes if o != "fine"][:3]
+    assert outcomes == ["fine"] * 200

@@ -46,6 +46,9 @@ class ModelBehaviour:
     stream_fault: StreamFault | None = None
     status_body_malformed: bool = False
     reply: str = "simulated answer"
+    # A request whose text contains this answers 500 after its latency while every
+    # other request is served: a failure of the request's own, not an outage.
+    poison: str | None = None
     embedding_dim: int = 8
     api_key: str | None = field(default=None, repr=False)
 

@@ -37,6 +37,7 @@ class Prompt:
     stream: bool = False
     include_usage: bool = False
     finish_reason: str = "stop"
+    text: str = ""  # what the request asked, for `ModelBehaviour.poison`
 
     @property
     def completion_tokens(self) -> int:
@@ -94,6 +95,7 @@ def parse_chat(body: Mapping[str, Any], behaviour: ModelBehaviour) -> Prompt:
         stream=bool(body.get("stream", False)),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         finish_reason=finish_reason,
+        text="\n".join(texts),
     )
 
 
@@ -116,7 +118,11 @@ def parse_embeddings(body: Mapping[str, Any], behaviour: ModelBehaviour) -> Prom
     inputs = [raw] if isinstance(raw, str) else raw
     if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
         raise BadRequest("'input' must be a string or a non-empty array of strings.", "input")
-    return Prompt(prompt_tokens=sum(estimate_tokens(t) for t in inputs), inputs=tuple(inputs))
+    return Prompt(
+        prompt_tokens=sum(estimate_tokens(t) for t in inputs),
+        inputs=tuple(inputs),
+        text="\n".join(inputs),
+    )
 
 
 def parse_ocr(body: Mapping[str, Any], behaviour: ModelBehaviour) -> Prompt:

@@ -221,6 +221,9 @@ class Simulator:
         behaviour: ModelBehaviour,
         prompt: prompts.Prompt,
     ) -> web.StreamResponse:
+        if behaviour.poison is not None and behaviour.poison in prompt.text:
+            await asyncio.sleep(self._latency(behaviour))
+            return self._fail(visit, answers.server_error(500, "500-poison"))
         status = self._draw_error(behaviour)
         if status is not None:
             failure = answers.server_error(status, f"{status}-error", behaviour.retry_after_s)
