@@ -18,6 +18,29 @@ class OutcomeKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimits:
+    """What a provider announced about its rate limits with one answer.
+
+    Read from OpenAI-style ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``
+    and Anthropic-style ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``
+    headers. `*_reset_s` is the time until the limit is fully replenished (OpenAI
+    sends a duration such as ``6m0s``, Anthropic an RFC 3339 instant), in seconds
+    from the answer. Every field is None when its header is absent or unreadable.
+    """
+
+    requests_limit: int | None = None
+    requests_remaining: int | None = None
+    requests_reset_s: float | None = None
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset_s: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, name) is None for name in self.__slots__)
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """A classified attempt, as a source adapter reports it.
 
@@ -36,6 +59,7 @@ class Outcome:
     model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    limits: RateLimits | None = None  # the provider's rate-limit headers, if it sent any
 
     @property
     def used_tokens(self) -> int | None:
