@@ -19,10 +19,12 @@ import asyncio
 import logging
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
+import redis
 from celery import Task
 
 from polygate_celery.celery.identity import COPY, RunIdentity
@@ -100,6 +102,42 @@ class ExecutionGuard:
             keys = [*keys, *self.lot]  # the entry this message was released from, if any
             args.append(self.run.key)
         return await run_script(_EXECUTION, self.runtime.redis, keys, args)
+
+
+FINISH_PATIENCE_S = 30.0
+"""How long a finished run waits for Redis to record it (about Celery's publish retry):
+a run whose result was stored while Redis restarted must not run again for want of it."""
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def patiently(
+    step: Callable[[], Any],
+    *,
+    within_s: float = FINISH_PATIENCE_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Run `step`, retrying for `within_s` while Redis is unreachable (backing off from
+    0.1 s to 2 s), as Celery's result backend does for the outcome it just stored."""
+    deadline = clock() + within_s
+    delay = 0.1
+    while True:
+        try:
+            step()
+            return
+        except _UNREACHABLE:
+            if clock() + delay > deadline:
+                logger.warning(
+                    "recording a governed task's run failed for %gs: Redis unreachable; a copy "
+                    "of its message may run again",
+                    within_s,
+                )
+                return
+            sleep(delay)
+            delay = min(delay * 2, 2.0)
+        except Exception:
+            logger.warning("recording a governed task's run failed", exc_info=True)
+            return
 
 
 def quietly(step: Callable[[], Any]) -> None:

@@ -38,7 +38,7 @@ from celery._state import get_current_task
 from celery.exceptions import Ignore, Reject
 
 from polygate_celery.celery.deferral import defer, requeue_copy
-from polygate_celery.celery.guard import ExecutionGuard, quietly
+from polygate_celery.celery.guard import ExecutionGuard, patiently, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
 from polygate_celery.celery.parking import TRANSIENT_BROKER_ERRORS
@@ -186,7 +186,7 @@ def _finish_returned_run(**_: Any) -> None:
     guard: ExecutionGuard | None = getattr(_returning, "guard", None)
     if guard is not None:
         _returning.guard = None
-        quietly(guard.finish)
+        patiently(guard.finish)  # its outcome is stored: wait out a Redis restart
 
 
 signals.task_postrun.connect(_finish_returned_run, weak=False)
