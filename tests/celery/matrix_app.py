@@ -34,6 +34,7 @@ from typing import Any
 
 import redis
 from celery import Celery, Task, current_task, shared_task
+from celery.signals import task_postrun
 
 from polygate_celery import AllSourcesExhausted, load_config
 from polygate_celery.celery import GovernedCalls, configure_worker, governed
@@ -90,6 +91,7 @@ class Run:
         headers = task.request.headers or {}
         self.deferrals = int(headers.get("polygate_deferrals") or 0)
         self.note("start")
+        _running.run = self
 
     def note(self, event: str, **extra: Any) -> None:
         client = _witness()
@@ -122,6 +124,19 @@ class Run:
     def end(self, value: Any) -> Any:
         self.note("end", value=value)
         return value
+
+
+_running = threading.local()  # the body run of this thread's current task
+
+
+@task_postrun.connect
+def _outcome_recorded(task_id: str | None = None, **_: Any) -> None:
+    """Celery stored the run's outcome and polygate_celery finished the run (its handler,
+    connected first, runs first): the witness's "post"."""
+    run: Run | None = getattr(_running, "run", None)
+    _running.run = None
+    if run is not None and run.task.request.id == task_id:
+        run.note("post")
 
 
 def _current() -> Task[Any, Any]:
