@@ -110,6 +110,16 @@ def _reseed_permit_ids() -> None:
 os.register_at_fork(after_in_child=_reseed_permit_ids)
 
 
+def _same_source_worth_retrying(outcome: Outcome) -> bool:
+    """A 5xx (or 408/409) or a connection error: often gone on the next try. A timeout
+    (a silent route) or a malformed answer moves to another source at once."""
+    if outcome.timed_out:
+        return False
+    if outcome.status is None:
+        return True  # refused, reset, closed: no answer at all
+    return outcome.status >= 500 or outcome.status in (408, 409)
+
+
 @dataclass(frozen=True, slots=True)
 class CallResult:
     """A governed call's answer, who served it, what it cost, and how it got there."""
@@ -152,6 +162,9 @@ class GovernedCall:
         self.fails = 0  # failures charged to the retry budget
         self.outage_fails = 0  # transient failures charged to waiting (rule 15)
         self.rate_limited_streak = 0  # consecutive 429s exempt from the retry budget
+        self.same_tries: dict[str, int] = {}  # retries of a source right after its failure
+        self.stay_on: str | None = None  # the source the next attempt retries first
+        self.hold_on: tuple[str, float] | None = None  # a short Retry-After waited out on it
         self.trail: list[AttemptRecord] = []
         self.excluded: set[str] = set()
         self.last_failure: dict[str, int] = {}
@@ -188,7 +201,7 @@ class GovernedCall:
                 await self._raise_if_stalled()
             if self.rt.clock.now() >= self.deadline:
                 raise self._exhausted("deadline")
-            order = preference_order(plan.sources, self.excluded, self.last_failure)
+            order = self._order()
             # Watch before asking, so a permit released right after the refusal is not missed.
             with self.rt.store.watch_releases(order) as released:
                 asked_at = self.rt.clock.now()
@@ -208,15 +221,46 @@ class GovernedCall:
                         self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
                     await self._on_no_runnable(admission, released)
                     continue
+            self.stay_on = self.hold_on = None  # one attempt each
             outcome, charged = await self._attempt(admission, asked_at)
             if outcome.kind is OutcomeKind.SUCCESS:
                 return self._result(admission.source, outcome)
             self._judge_failure(admission.source, outcome, charged)
+            self._plan_next(admission.source, outcome)
             if self.fails >= plan.max_attempts:
                 raise self._exhausted("retry_exhausted")
             await self._wait("backoff", self._backoff(outcome, charged))
             if not charged and not plan.policy.rate_limit_exempt:
                 await self._raise_if_stalled()  # an outage is waiting (rule 15)
+
+    def _order(self) -> list[str]:
+        """The sources to ask for, best first (SPEC §5 "Failover discipline"): while a
+        short Retry-After of the first source runs, that source alone (the wait goes
+        through the no-runnable path); a source just failed by a 5xx or a connection
+        error first, once; otherwise configuration order, failed sources last."""
+        if self.hold_on is not None:
+            source, until = self.hold_on
+            # Past the hint by one poll at most: the store's clock may end the pause a
+            # little later than this call's.
+            if self.rt.clock.now() < until + self.plan.poll_interval_s:
+                return [source]
+            self.hold_on = None
+        return preference_order(self.plan.sources, self.excluded, self.last_failure, self.stay_on)
+
+    def _plan_next(self, source: str, outcome: Outcome) -> None:
+        """Where the attempt after this failure goes: back to `source` once after a 5xx
+        or a connection error; onto `source` again after its own short Retry-After if it
+        is the scope's first choice; elsewhere for anything else."""
+        if outcome.kind is OutcomeKind.TRANSIENT and _same_source_worth_retrying(outcome):
+            tries = self.same_tries.get(source, 0)
+            if tries < self.plan.same_source_retries:
+                self.same_tries[source] = tries + 1
+                self.stay_on = source
+        elif outcome.kind is OutcomeKind.RATE_LIMITED:
+            hint = self._sane_hint(outcome.retry_after_s)
+            first = next((s for s in self.plan.sources if s not in self.excluded), None)
+            if hint is not None and source == first and hint <= self.plan.wait_out_retry_after_s:
+                self.hold_on = (source, self.rt.clock.now() + hint)
 
     # -- waiting -----------------------------------------------------------------
 
