@@ -2,7 +2,7 @@
 
 from polygate_celery.sources.base import Source
 from polygate_celery.sources.callable import CallableSource
-from polygate_celery.sources.classify import classify_error, retry_after_s
+from polygate_celery.sources.classify import classify_error, rate_limits, retry_after_s
 from polygate_celery.sources.factory import source_from_config, sources_from_config
 from polygate_celery.sources.http import OpenAIHttpSource, close_http_client, http_client
 from polygate_celery.sources.payloads import (
@@ -31,6 +31,7 @@ __all__ = [
     "close_http_client",
     "estimate_tokens",
     "http_client",
+    "rate_limits",
     "retry_after_s",
     "source_from_config",
     "sources_from_config",

@@ -8,7 +8,8 @@ from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
 from polygate_celery.errors import ConfigError
 from polygate_celery.sources.base import Source
-from polygate_celery.sources.http import DEFAULT_OCR_PROMPT, OpenAIHttpSource
+from polygate_celery.sources.exchange import DEFAULT_OCR_PROMPT, MAX_BODY_BYTES
+from polygate_celery.sources.http import OpenAIHttpSource
 from polygate_celery.sources.sdk import OpenAISDKSource, openai_module
 
 
@@ -24,8 +25,15 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
         key = source.key.get_secret_value() if source.key is not None else "unused"
         base_url = source.base_url
 
-        def client() -> Any:  # one per event loop
-            return openai.AsyncOpenAI(api_key=key, base_url=base_url, max_retries=0)
+        def client() -> Any:  # one per event loop, error answers held to the body limit
+            from polygate_celery.sources.sdk_http import bounded_http_client  # noqa: PLC0415
+
+            return openai.AsyncOpenAI(
+                api_key=key,
+                base_url=base_url,
+                max_retries=0,
+                http_client=bounded_http_client(MAX_BODY_BYTES),
+            )
 
         return OpenAISDKSource(
             client_factory=client,
@@ -35,6 +43,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
             ttft_timeout_s=source.ttft_timeout_s,
             stream_idle_timeout_s=source.stream_idle_timeout_s,
             ocr_prompt=source.ocr_prompt or DEFAULT_OCR_PROMPT,
+            include_bodies=include_bodies,
         )
     return OpenAIHttpSource(
         base_url=source.base_url,

@@ -1,39 +1,34 @@
 """Source layer: an `openai.AsyncOpenAI` client as a source (the `openai` extra).
 
-The client's own retries are turned off (the loop decides what is retried), and
-its errors are read through the same classification as the HTTP adapter: the
-SDK's status errors carry the HTTP response, so a 429's Retry-After, a context
-length or a content policy answer come out exactly as they do over plain HTTP.
-Streams follow the HTTP adapter's deadlines (see `polygate_celery.sources.http`).
+The client builds and sends the request (its key, base URL, headers and own
+HTTP settings), with its own retries off: the loop decides what is retried.
+Its raw answer is then read by the same core as the HTTP adapter's
+(`polygate_celery.sources.exchange`), through the SDK's streaming-response API,
+so classification, deadlines, streams, reason texts and rate-limit headers come
+out exactly as they do over plain HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
+import anyio
+import httpx
 from pydantic import SecretStr
 
 from polygate_celery.core.outcome import Outcome
-from polygate_celery.sources.classify import classify_error
-from polygate_celery.sources.http import (
-    DEFAULT_OCR_PROMPT,
-    TIE_GRACE_S,
-    USAGE_GRACE_S,
-    _chat_result,
-    embedding_vectors,
+from polygate_celery.sources.body import Answer
+from polygate_celery.sources.connection import Failure, library_failure
+from polygate_celery.sources.exchange import (
+    OpenAIStyleSource,
+    Route,
+    Settings,
+    Unsendable,
 )
-from polygate_celery.sources.payloads import (
-    ChatRequest,
-    ChatResult,
-    EmbeddingRequest,
-    EmbeddingResult,
-    OcrRequest,
-    OcrResult,
-)
-from polygate_celery.sources.stream import StreamAssembly, count
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -48,12 +43,19 @@ def openai_module() -> Any:
     return openai
 
 
-class OpenAISDKSource:
+class OpenAISDKSource(OpenAIStyleSource):
     """Sends through an `AsyncOpenAI` client (retries off) to `model`.
 
     Give either `client` (yours, used as it is) or `client_factory`, called
     once per event loop (a client's connections belong to the loop that made
-    them).
+    them). `settings` are the core's (`exchange.Settings`).
+
+    Body limit: 2xx answers, streamed or not, are read by this adapter within
+    `max_body_bytes`. An error answer's body is read by the SDK itself before
+    it raises, so it is held to a limit only when the client's `http_client`
+    carries `polygate_celery.sources.sdk_http.body_limit` (as
+    `bounded_http_client` builds, and as sources built from a configuration
+    have); with any other client, an error answer's body is read whole.
     """
 
     def __init__(
@@ -62,26 +64,17 @@ class OpenAISDKSource:
         *,
         model: str,
         client_factory: Callable[[], AsyncOpenAI] | None = None,
-        stream: bool = False,
-        stream_usage: bool = True,
-        ttft_timeout_s: float | None = None,
-        stream_idle_timeout_s: float = 30.0,
-        ocr_prompt: str = DEFAULT_OCR_PROMPT,
+        **settings: Unpack[Settings],
     ) -> None:
         if (client is None) == (client_factory is None):
             raise ValueError("give either client or client_factory")
+        super().__init__(model=model, **settings)
         self._openai = openai_module()
         self._given = client.with_options(max_retries=0) if client is not None else None
         self._factory = client_factory
         self._clients: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
         key = getattr(client, "api_key", None) if client is not None else None
         self._secret = SecretStr(key) if isinstance(key, str) else None
-        self.model = model
-        self.stream = stream
-        self.stream_usage = stream_usage
-        self.ttft_timeout_s = ttft_timeout_s
-        self.stream_idle_timeout_s = stream_idle_timeout_s
-        self.ocr_prompt = ocr_prompt
 
     def __repr__(self) -> str:
         return f"OpenAISDKSource(model={self.model!r})"
@@ -105,130 +98,84 @@ class OpenAISDKSource:
     def _secrets(self) -> tuple[str, ...]:
         return (self._secret.get_secret_value(),) if self._secret is not None else ()
 
-    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
-        openai = self._openai
-        loop = asyncio.get_running_loop()
-        allowed = timeout_s + min(TIE_GRACE_S, 0.05 * timeout_s)  # an answer sent at the deadline
-        deadline = loop.time() + allowed
-        try:
-            client = self._client().with_options(timeout=allowed)
-            if isinstance(payload, ChatRequest):
-                streamed = self.stream if payload.stream is None else payload.stream
-                if streamed:
-                    return await self._stream_chat(client, payload, deadline)
-            async with asyncio.timeout_at(deadline):
-                return await self._dispatch(client, payload)
-        except openai.APIStatusError as exc:
-            response = exc.response
-            return classify_error(
-                response.status_code, response.headers, response.text, secrets=self._secrets
-            )
-        except (TimeoutError, openai.APITimeoutError):
-            return Outcome.timeout(f"no complete answer within {timeout_s:g} s")
-        except openai.APIConnectionError as exc:
-            return Outcome.transient(f"connection failed: {type(exc).__name__}")
-        except Exception as exc:  # a provider's answer must never crash the call
-            return Outcome.transient(f"unreadable answer: {type(exc).__name__}")
-
-    async def _dispatch(self, client: Any, payload: Any) -> Outcome:
-        if isinstance(payload, ChatRequest):
-            return await self._chat(client, payload)
-        if isinstance(payload, EmbeddingRequest):
-            response = await client.embeddings.create(model=self.model, input=list(payload.inputs))
+    @contextlib.asynccontextmanager
+    async def _open(
+        self, route: Route, body: dict[str, Any], timeout_s: float
+    ) -> AsyncIterator[Answer]:
+        if route == "ocr":
+            raise Unsendable(Outcome.fatal("the openai SDK speaks the chat API only"))
+        client = self._client().with_options(timeout=timeout_s)
+        resource = client.chat.completions if route == "chat" else client.embeddings
+        async with contextlib.AsyncExitStack() as stack:
             try:
-                items = [item.model_dump() for item in response.data]
-                vectors = embedding_vectors(items, len(payload.inputs))
-            except (ValueError, KeyError, TypeError):
-                return Outcome.transient("malformed embeddings", status=200)
-            return _success(EmbeddingResult(vectors), response)
-        if isinstance(payload, OcrRequest):
-            content = [
-                {"type": "text", "text": payload.prompt or self.ocr_prompt},
-                {"type": "image_url", "image_url": {"url": payload.data_url()}},
-            ]
-            chat = ChatRequest([{"role": "user", "content": content}], stream=False)
-            outcome = await self._chat(client, chat)
-            if isinstance(outcome.value, ChatResult):
-                return Outcome.success(
-                    OcrResult(outcome.value.text),
-                    status=200,
-                    model=outcome.model,
-                    prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens,
+                response = await stack.enter_async_context(
+                    resource.with_streaming_response.create(**body)
                 )
-            return outcome
-        return Outcome.fatal(f"this source cannot take a {type(payload).__name__}")
+                answer = response.http_response
+            except self._openai.APIStatusError as exc:
+                answer = exc.response  # an error answer, its body read by the SDK
+            except Exception as exc:
+                cut = _cut_error_answer(exc)
+                if cut is None:
+                    raise
+                answer = cut
+            yield answer
 
-    async def _chat(self, client: Any, request: ChatRequest) -> Outcome:
-        response = await client.chat.completions.create(
-            model=self.model, messages=list(request.messages), **request.params
-        )
-        choice = response.choices[0]
-        result = _chat_result(choice.message.model_dump(), choice.finish_reason)
-        if result is None:
-            if choice.finish_reason == "content_filter":
-                return Outcome.fatal(
-                    "the provider's content filter withheld the answer", status=200
-                )
-            return Outcome.transient("malformed chat completion (no answer in it)", status=200)
-        return _success(result, response)
-
-    async def _stream_chat(self, client: Any, request: ChatRequest, deadline: float) -> Outcome:
-        extra = {"stream_options": {"include_usage": True}} if self.stream_usage else {}
-        loop = asyncio.get_running_loop()
-        first_by = loop.time() + self.ttft_timeout_s if self.ttft_timeout_s else math.inf
-        assembly = StreamAssembly(want_usage=self.stream_usage)
-        phase = "first token"
-        try:
-            async with asyncio.timeout_at(min(deadline, first_by)) as limit:
-                stream = await client.chat.completions.create(
-                    model=self.model,
-                    messages=list(request.messages),
-                    stream=True,
-                    **extra,
-                    **request.params,
-                )
-                try:
-                    async for chunk in stream:
-                        assembly.take(chunk.model_dump())
-                        if assembly.done:
-                            break
-                        if assembly.whole:
-                            phase = "usage"
-                            limit.reschedule(min(deadline, loop.time() + USAGE_GRACE_S))
-                        elif assembly.first_token:
-                            phase = "idle"
-                            limit.reschedule(
-                                min(deadline, loop.time() + self.stream_idle_timeout_s)
-                            )
-                finally:
-                    await stream.close()
-        except TimeoutError:
-            if assembly.whole:
-                return assembly.outcome()
-            if phase == "first token" and loop.time() < deadline:
-                return Outcome.timeout("no first token within ttft_timeout_s")
-            if phase == "idle" and loop.time() < deadline:
-                return Outcome.timeout("stream went idle")
-            return Outcome.timeout("no complete answer within the attempt's deadline")
-        except self._openai.APIStatusError:
-            raise
-        except Exception:
-            if assembly.whole:
-                return assembly.outcome()
-            return Outcome.transient("stream cut or malformed before its final chunk")
-        if not assembly.whole:
-            return Outcome.transient("stream cut before its final chunk")
-        return assembly.outcome()
+    def _failure(self, exc: Exception) -> Failure | None:
+        openai = self._openai
+        if isinstance(exc, openai.APITimeoutError):
+            return Failure.TIMEOUT
+        cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
+        if isinstance(cause, Exception):
+            for library in _libraries():
+                found = library_failure(cause, library)
+                if found is not None:
+                    return found
+        if isinstance(exc, openai.APIConnectionError):
+            return Failure.CLOSED if _ended(cause) else Failure.OTHER
+        return None
 
 
-def _success(value: Any, response: Any) -> Outcome:
-    usage = getattr(response, "usage", None)
-    model = getattr(response, "model", None)
-    return Outcome.success(
-        value,
-        status=200,
-        model=model if isinstance(model, str) else None,
-        prompt_tokens=count(getattr(usage, "prompt_tokens", None)),
-        completion_tokens=count(getattr(usage, "completion_tokens", None)),
-    )
+def _cut_error_answer(exc: Exception) -> Answer | None:
+    """An error answer whose body the SDK failed to read, if that is what `exc` says.
+
+    The SDK reads an error answer's body inside its handler of the status error,
+    so a failure there carries the status error, and its response, as context.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, _status_errors()):
+            return _CutAnswer(cast(Any, seen).response, exc)
+        seen = seen.__context__
+    return None
+
+
+class _CutAnswer:
+    """An answer's status and headers; reading its body raises what cut it."""
+
+    def __init__(self, response: Any, failure: Exception) -> None:
+        self.status_code: int = response.status_code
+        self.headers: Any = response.headers
+        self.encoding: str | None = None
+        self._failure = failure
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        raise self._failure
+        yield b""  # pragma: no cover - makes this a generator
+
+
+def _libraries() -> tuple[Any, ...]:
+    """httpx, and httpx2 when the SDK runs on it (its later releases do)."""
+    httpx2 = sys.modules.get("httpx2")
+    return (httpx,) if httpx2 is None else (httpx2, httpx)
+
+
+def _status_errors() -> tuple[type[Exception], ...]:
+    return tuple(library.HTTPStatusError for library in _libraries())
+
+
+def _ended(cause: BaseException | None) -> bool:
+    """The SDK's connection error for a peer that closed (anyio's EndOfStream)."""
+    return isinstance(cause, anyio.EndOfStream)

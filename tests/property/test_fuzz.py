@@ -2,7 +2,7 @@
 
 Every target takes at least 1,000 derandomized examples and may only answer with
 its typed result or its typed error: never another exception, never a hang.
-Provider responses reach the real HTTP adapter through httpx's own
+Provider responses reach the real adapters through their HTTP library's own
 `MockTransport`, so the whole parsing path after the socket runs unchanged.
 """
 
@@ -18,16 +18,20 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import openai
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from polygate_celery import ConfigError, GatewayConfig, load_config, parse_config
 from polygate_celery.celery import DeferralState
-from polygate_celery.core.outcome import Outcome, OutcomeKind
+from polygate_celery.core.outcome import Outcome, OutcomeKind, RateLimits
 from polygate_celery.sources import ChatRequest, ChatResult, EmbeddingRequest
-from polygate_celery.sources.classify import retry_after_s
+from polygate_celery.sources.classify import rate_limits, retry_after_s
 from polygate_celery.sources.http import OpenAIHttpSource
+from polygate_celery.sources.sdk import OpenAISDKSource
+from polygate_celery.sources.sdk_http import bounded_http_client
+from tests.integration.sources.conftest import sdk_http_library
 
 FUZZ = settings(
     max_examples=1_000,
@@ -155,6 +159,42 @@ def test_retry_after_is_a_finite_non_negative_number_or_none(headers: dict[str, 
     assert hint is None or (math.isfinite(hint) and hint >= 0)
 
 
+# -- rate-limit headers --------------------------------------------------------------------------
+
+LIMIT_NAMES = [
+    name
+    for kind in ("requests", "tokens")
+    for part in ("limit", "remaining", "reset")
+    for name in (f"x-ratelimit-{part}-{kind}", f"anthropic-ratelimit-{kind}-{part}")
+]
+limit_values = (
+    header_values
+    | st.builds("{}h{}m{}s".format, st.integers(0, 10**6), st.integers(0, 99), st.floats(0, 1e6))
+    | st.integers(0, 10**6).map("{}ms".format)
+    | st.datetimes(timezones=st.timezones()).map(lambda d: d.isoformat())
+)
+
+
+@FUZZ
+@given(
+    headers=st.dictionaries(
+        st.sampled_from([*LIMIT_NAMES, "anthropic-ratelimit-input-tokens-reset", "retry-after"]),
+        limit_values,
+        max_size=6,
+    )
+)
+def test_rate_limits_are_sane_numbers_or_none(headers: dict[str, str]) -> None:
+    limits = rate_limits(headers, now=1_700_000_000.0)
+    assert (limits is None) == (not set(headers) & set(LIMIT_NAMES))
+    for name in RateLimits.__slots__ if limits is not None else ():
+        value = getattr(limits, name)
+        if name.endswith("_reset_s"):
+            assert value is None or (isinstance(value, float) and math.isfinite(value))
+        else:
+            assert value is None or (isinstance(value, int) and value < 2**64)
+        assert value is None or value >= 0
+
+
 # -- provider responses --------------------------------------------------------------------------
 
 
@@ -200,34 +240,45 @@ headers = st.dictionaries(
 
 
 class Provider:
-    """One event loop and one client for every example; each example sets the answer."""
+    """One event loop and one adapter of a kind for every example; each example sets the answer.
 
-    def __init__(self) -> None:
+    The openai SDK adapter's client carries the body-limit hook, as configured ones do.
+    """
+
+    def __init__(self, kind: str) -> None:
         self.runner = asyncio.Runner()
-        self.answer = httpx.Response(200)
-        transport = httpx.MockTransport(lambda request: self.answer)
-        self.client = self.runner.run(self._client(transport))
-        self.source = OpenAIHttpSource(
-            base_url="http://provider/v1", model="m", api_key=SecretStr(KEY), client=self.client
-        )
+        self.library = httpx if kind == "http" else sdk_http_library()
+        self.answer = self.library.Response(200)
+        self.source = self.runner.run(self._source(kind))
 
-    @staticmethod
-    async def _client(transport: httpx.MockTransport) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=transport)
+    async def _source(self, kind: str) -> Any:
+        transport = self.library.MockTransport(lambda request: self.answer)
+        if kind == "http":
+            client = httpx.AsyncClient(transport=transport)
+            return OpenAIHttpSource(
+                base_url="http://provider/v1", model="m", api_key=SecretStr(KEY), client=client
+            )
+        http_client = bounded_http_client(1_000_000, transport=transport)
+        sdk = openai.AsyncOpenAI(
+            base_url="http://provider/v1", api_key=KEY, http_client=http_client
+        )
+        return OpenAISDKSource(sdk, model="m")
 
     def send(self, status: int, hdrs: dict[str, str], body: bytes, request: object) -> Outcome:
-        self.answer = httpx.Response(status, headers=hdrs, content=body)
-        return self.runner.run(self.source.send(request, timeout_s=5.0))
+        self.answer = self.library.Response(status, headers=hdrs, content=body)
+        return self.runner.run(self.source.send(request, timeout_s=5.0))  # type: ignore[no-any-return]
 
 
-_provider: Provider | None = None
+_providers: dict[str, Provider] = {}
 
 
-def send(status: int, hdrs: dict[str, str], body: bytes, request: object) -> Outcome:
-    global _provider  # noqa: PLW0603 - one loop and client for the module's examples
-    if _provider is None:
-        _provider = Provider()
-    return _provider.send(status, hdrs, body, request)
+def send(
+    status: int, hdrs: dict[str, str], body: bytes, request: object, kind: str = "http"
+) -> Outcome:
+    """One answer through the adapter of `kind`, one loop and client for the module's examples."""
+    if kind not in _providers:
+        _providers[kind] = Provider(kind)
+    return _providers[kind].send(status, hdrs, body, request)
 
 
 def check(outcome: Outcome) -> None:
@@ -264,6 +315,44 @@ def test_any_stream_is_a_classified_outcome(status: int, lines: list[str]) -> No
     check(outcome)
     if outcome.kind is OutcomeKind.SUCCESS:
         assert isinstance(outcome.value, ChatResult)
+
+
+@FUZZ
+@given(status=statuses, hdrs=headers, body=bodies, streamed=st.booleans())
+def test_any_answer_through_the_openai_sdk_is_a_classified_outcome(
+    status: int, hdrs: dict[str, str], body: bytes, streamed: bool
+) -> None:
+    if streamed:
+        hdrs = {**hdrs, "content-type": "text/event-stream"}
+    request = ChatRequest([{"role": "user", "content": "hi"}], stream=streamed)
+    outcome = send(status, hdrs, body, request, "sdk")
+    check(outcome)
+    if outcome.kind is OutcomeKind.SUCCESS:
+        assert isinstance(outcome.value, ChatResult)
+
+
+ascii_values = (header_values | limit_values).map(lambda v: v.encode("ascii", "ignore").decode())
+
+
+@FUZZ
+@given(
+    kind=st.sampled_from(["http", "sdk"]),
+    hdrs=st.dictionaries(
+        st.sampled_from(["retry-after", "retry-after-ms", "content-type", *LIMIT_NAMES]),
+        ascii_values,
+        max_size=4,
+    ),
+    body=bodies,
+    streamed=st.booleans(),
+)
+def test_any_429_is_rate_limited_by_both_adapters(
+    kind: str, hdrs: dict[str, str], body: bytes, streamed: bool
+) -> None:
+    request = ChatRequest([{"role": "user", "content": "hi"}], stream=streamed)
+    outcome = send(429, hdrs, body, request, kind)
+    check(outcome)
+    assert (outcome.kind, outcome.status) == (OutcomeKind.RATE_LIMITED, 429)
+    assert (outcome.limits is None) == (rate_limits(hdrs) is None)
 
 
 # -- deferral headers ----------------------------------------------------------------------------

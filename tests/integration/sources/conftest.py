@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -52,6 +53,17 @@ MODELS: dict[str, ModelBehaviour] = {
 }
 
 SourceFactory = Callable[..., Source]
+
+
+def sdk_http_library() -> Any:
+    """The HTTP library the installed openai SDK runs on: httpx2 in its later releases."""
+    import openai  # noqa: PLC0415
+
+    for name in ("httpx2", "httpx"):
+        library = sys.modules.get(name)
+        if library is not None and issubclass(openai.DefaultAsyncHttpxClient, library.AsyncClient):
+            return library
+    raise RuntimeError("the openai SDK runs on an HTTP library these tests do not know")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,320 @@
+"""Source layer: the one core of the OpenAI-style adapters (plain HTTP and the openai SDK).
+
+An adapter says how a request reaches the provider (`_open`: an OpenAI-style
+body in, an answer out whose body is not read yet) and how its HTTP library
+reports a broken connection (`_failure`). Everything else is here, once:
+deadlines, reading within `max_body_bytes`, assembling a stream, classifying
+the answer, naming what went wrong, and the provider's rate-limit headers on
+every outcome built from an answer.
+
+Deadlines: `timeout_s` bounds the whole attempt, headers included (with a
+quarter-second grace at most, so that an answer sent at the deadline, such as
+a queueing gateway's 429, is read as what it is). A stream also has
+`ttft_timeout_s`, from sending the request to the first token of any kind
+(text, reasoning, refusal or tool call), and `stream_idle_timeout_s` between
+data chunks once tokens flow; keep-alive comments do not count as progress.
+
+Whatever the provider does comes back as an `Outcome`, never as an exception,
+and no exception message is ever quoted (one may hold a key): only
+cancellation passes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypedDict, Unpack
+
+from polygate_celery.core.outcome import Outcome, RateLimits
+from polygate_celery.sources import answers
+from polygate_celery.sources.answers import MalformedAnswer
+from polygate_celery.sources.body import Answer, BodyTooLarge, read_text, sse_lines
+from polygate_celery.sources.classify import STATUS_ONLY, classify_error, rate_limits, short
+from polygate_celery.sources.connection import Failure
+from polygate_celery.sources.payloads import (
+    ChatRequest,
+    ChatResult,
+    EmbeddingRequest,
+    OcrRequest,
+    OcrResult,
+)
+from polygate_celery.sources.stream import MalformedChunk, StreamAssembly
+
+DEFAULT_OCR_PROMPT = "Transcribe all the text in this image, exactly as written."
+MAX_BODY_BYTES = 64 * 1024 * 1024
+TIE_GRACE_S = 0.25
+USAGE_GRACE_S = 2.0
+
+Route = Literal["chat", "embeddings", "ocr"]
+
+
+class Unsendable(Exception):
+    """The request cannot leave this process; `outcome` says why (never chained)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.reason)
+        self.outcome = outcome
+
+
+@dataclass
+class _Attempt:
+    """What one attempt got as far as: an answer's headers, and stream chunks."""
+
+    streamed: bool
+    answered: bool = False
+    chunks: int = 0
+    limits: RateLimits | None = None
+
+    def answer(self, answer: Answer) -> None:
+        self.answered = True
+        self.limits = rate_limits(answer.headers)
+
+
+class Settings(TypedDict, total=False):
+    """How an OpenAI-style adapter asks and reads, whichever way it reaches the provider.
+
+    stream (False): stream chat answers unless a request says otherwise.
+    stream_usage (True): ask a stream for its usage chunk.
+    ttft_timeout_s (None): limit from sending to the first token of a stream.
+    stream_idle_timeout_s (30): limit between a stream's data chunks.
+    ocr_prompt: what a vision chat is asked for an `OcrRequest` without a prompt.
+    include_bodies (False): add an excerpt of the provider's body to a failure's reason.
+    max_body_bytes (64 MiB): the most of one answer read, after content decoding.
+    """
+
+    stream: bool
+    stream_usage: bool
+    ttft_timeout_s: float | None
+    stream_idle_timeout_s: float
+    ocr_prompt: str
+    include_bodies: bool
+    max_body_bytes: int
+
+
+class OpenAIStyleSource(ABC):
+    """A source speaking the OpenAI API: chat (streamed or not), embeddings and OCR."""
+
+    ocr_endpoint: str | None = None
+
+    def __init__(self, *, model: str, **settings: Unpack[Settings]) -> None:
+        self.model = model
+        self.stream = settings.get("stream", False)
+        self.stream_usage = settings.get("stream_usage", True)
+        self.ttft_timeout_s = settings.get("ttft_timeout_s")
+        self.stream_idle_timeout_s = settings.get("stream_idle_timeout_s", 30.0)
+        self.ocr_prompt = settings.get("ocr_prompt", DEFAULT_OCR_PROMPT)
+        self.include_bodies = settings.get("include_bodies", False)
+        self.max_body_bytes = settings.get("max_body_bytes", MAX_BODY_BYTES)
+
+    # -- what an adapter provides ---------------------------------------------------
+
+    @abstractmethod
+    def _open(
+        self, route: Route, body: dict[str, Any], timeout_s: float
+    ) -> AbstractAsyncContextManager[Answer]:
+        """Send `body` to `route`; the answer, of any status, with its body unread."""
+
+    @abstractmethod
+    def _failure(self, exc: Exception) -> Failure | None:
+        """How `exc` says the connection failed; None if it says nothing of the kind."""
+
+    @property
+    def _secrets(self) -> tuple[str, ...]:
+        return ()
+
+    # -- one attempt ----------------------------------------------------------------
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        loop = asyncio.get_running_loop()
+        allowed = timeout_s + min(TIE_GRACE_S, 0.05 * timeout_s)  # an answer sent at the deadline
+        deadline = loop.time() + allowed
+        streamed = isinstance(payload, ChatRequest) and (
+            self.stream if payload.stream is None else payload.stream
+        )
+        attempt = _Attempt(streamed)
+        try:
+            if streamed:
+                outcome = await self._stream_chat(payload, deadline, attempt)
+            else:
+                async with asyncio.timeout_at(deadline):
+                    outcome = await self._dispatch(payload, allowed, attempt)
+        except TimeoutError:
+            outcome = Outcome.timeout(f"no complete answer within {timeout_s:g} s")
+        except Unsendable as exc:
+            outcome = exc.outcome
+        except BodyTooLarge as exc:
+            if exc.headers is not None and attempt.limits is None:
+                attempt.limits = rate_limits(exc.headers)
+            outcome = Outcome.transient(f"an answer larger than {self.max_body_bytes} bytes")
+        except Exception as exc:  # a provider's answer must never crash the call
+            outcome = self._broken(exc, attempt, timeout_s)
+        return outcome if attempt.limits is None else replace(outcome, limits=attempt.limits)
+
+    def _broken(self, exc: Exception, attempt: _Attempt, timeout_s: float) -> Outcome:
+        """Name what happened to a connection, by how far the attempt had got."""
+        failure = self._failure(exc)
+        if failure is None:
+            return Outcome.transient(f"unreadable answer: {type(exc).__name__}")
+        if failure is Failure.TIMEOUT:
+            return Outcome.timeout(f"no complete answer within {timeout_s:g} s")
+        if failure is Failure.POOL:
+            return Outcome.transient(failure.value)
+        if failure is Failure.OTHER:
+            return Outcome.transient(f"{failure.value}: {type(exc).__name__}")
+        if not attempt.answered:
+            if failure is Failure.CLOSED:
+                return Outcome.transient("connection closed before any answer byte")
+            return Outcome.transient(failure.value)
+        return Outcome.transient(_cut(attempt))
+
+    async def _dispatch(self, payload: Any, timeout_s: float, attempt: _Attempt) -> Outcome:
+        if isinstance(payload, ChatRequest):
+            return await self._chat(payload, timeout_s, attempt)
+        if isinstance(payload, EmbeddingRequest):
+            body = {"model": self.model, "input": list(payload.inputs)}
+            expected = len(payload.inputs)
+            return await self._call(
+                "embeddings", body, timeout_s, attempt, lambda t: answers.embeddings(t, expected)
+            )
+        if isinstance(payload, OcrRequest):
+            return await self._ocr(payload, timeout_s, attempt)
+        return Outcome.fatal(f"this source cannot take a {type(payload).__name__}")
+
+    async def _chat(self, request: ChatRequest, timeout_s: float, attempt: _Attempt) -> Outcome:
+        body = {"model": self.model, "messages": list(request.messages), **request.params}
+        return await self._call("chat", body, timeout_s, attempt, answers.completion)
+
+    async def _ocr(self, request: OcrRequest, timeout_s: float, attempt: _Attempt) -> Outcome:
+        if self.ocr_endpoint is None:
+            content = [
+                {"type": "text", "text": request.prompt or self.ocr_prompt},
+                {"type": "image_url", "image_url": {"url": request.data_url()}},
+            ]
+            chat = ChatRequest([{"role": "user", "content": content}], stream=False)
+            outcome = await self._chat(chat, timeout_s, attempt)
+            if isinstance(outcome.value, ChatResult):
+                return replace(outcome, value=OcrResult(outcome.value.text))
+            return outcome
+        body = {"model": self.model, "image": base64.b64encode(request.image).decode()}
+        if request.prompt:
+            body["prompt"] = request.prompt
+        return await self._call("ocr", body, timeout_s, attempt, answers.ocr)
+
+    async def _call(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        timeout_s: float,
+        attempt: _Attempt,
+        read: Callable[[str], Outcome],
+    ) -> Outcome:
+        async with self._open(route, body, timeout_s) as answer:
+            return await self._whole(answer, attempt, read)
+
+    async def _whole(
+        self, answer: Answer, attempt: _Attempt, read: Callable[[str], Outcome]
+    ) -> Outcome:
+        """Classify an answer read whole: an error, or a 2xx body `read` understands."""
+        attempt.answer(answer)
+        status = answer.status_code
+        if status in STATUS_ONLY:
+            return classify_error(status, answer.headers, "")
+        text = await read_text(answer, self.max_body_bytes)
+        if not 200 <= status < 300:
+            outcome = classify_error(status, answer.headers, text, secrets=self._secrets)
+            return self._with_body(outcome, text)
+        try:
+            return read(text)
+        except MalformedAnswer as exc:
+            return self._with_body(Outcome.transient(f"malformed {exc.what}", status=200), text)
+
+    def _with_body(self, outcome: Outcome, body: str) -> Outcome:
+        """With `include_bodies`, add a marked, truncated excerpt of the provider's body."""
+        if not self.include_bodies or not body:
+            return outcome
+        excerpt = f"{outcome.reason} [provider body, truncated]: {short(body, self._secrets)}"
+        return replace(outcome, reason=excerpt)
+
+    # -- streams --------------------------------------------------------------------
+
+    async def _stream_chat(
+        self, request: ChatRequest, deadline: float, attempt: _Attempt
+    ) -> Outcome:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": list(request.messages),
+            **request.params,
+            "stream": True,
+        }
+        if self.stream_usage:
+            body["stream_options"] = {"include_usage": True}
+        loop = asyncio.get_running_loop()
+        first_by = loop.time() + self.ttft_timeout_s if self.ttft_timeout_s else math.inf
+        assembly = StreamAssembly(want_usage=self.stream_usage)
+        phase = "first token"
+        try:
+            async with (
+                asyncio.timeout_at(min(deadline, first_by)) as limit,
+                self._open("chat", body, deadline - loop.time()) as answer,
+            ):
+                streamed = answer.status_code // 100 == 2 and "application/json" not in (
+                    answer.headers.get("content-type", "")
+                )
+                if not streamed:  # an error, or a plain completion
+                    attempt.streamed = False
+                    return await self._whole(answer, attempt, answers.completion)
+                attempt.answer(answer)
+                lines = sse_lines(answer, self.max_body_bytes)
+                async with contextlib.aclosing(lines):
+                    async for line in lines:
+                        if not assembly.feed(line):
+                            continue  # a keep-alive comment is not progress
+                        attempt.chunks += 1
+                        if assembly.error is not None or assembly.done:
+                            break
+                        if assembly.whole:
+                            phase = "usage"
+                            limit.reschedule(min(deadline, loop.time() + USAGE_GRACE_S))
+                        elif assembly.first_token:
+                            phase = "idle"
+                            limit.reschedule(
+                                min(deadline, loop.time() + self.stream_idle_timeout_s)
+                            )
+        except TimeoutError:
+            if assembly.whole:
+                return assembly.outcome()
+            if phase == "first token" and loop.time() < deadline:
+                return Outcome.timeout("no first token within ttft_timeout_s")
+            if phase == "idle" and loop.time() < deadline:
+                return Outcome.timeout("stream went idle")
+            return Outcome.timeout("no complete answer within the attempt's deadline")
+        except MalformedChunk as exc:
+            if assembly.whole:
+                return assembly.outcome()
+            return Outcome.transient(f"malformed stream: {exc}")
+        except Exception:
+            if assembly.whole:
+                return assembly.outcome()
+            raise
+        if assembly.whole:
+            return assembly.outcome()
+        if assembly.error is not None:
+            message = assembly.error.get("message")
+            said = short(str(message), self._secrets) if message else "error in stream"
+            return Outcome.transient(said)
+        return Outcome.transient(_cut(attempt))
+
+
+def _cut(attempt: _Attempt) -> str:
+    """What a connection that ended after the answer began cut short."""
+    if not attempt.streamed:
+        return "connection closed mid-answer"
+    if attempt.chunks:
+        return "stream cut before its final chunk"
+    return "stream closed before its first chunk"
