@@ -78,7 +78,11 @@ class SourceSettings(_Strict):
         60.0, description="total deadline of one attempt (streaming: the whole stream)"
     )
     ttft_timeout_s: PositiveSeconds | None = Field(
-        None, description="streaming chat: limit until the first token (unset: none)"
+        None,
+        description="streaming chat: limit until the first token of any kind, text, "
+        "reasoning, refusal or tool call (unset: 15 s; a model that reasons silently "
+        "before its first token needs its thinking time here, or timeout_s for no "
+        "separate limit)",
     )
     stream_idle_timeout_s: PositiveSeconds = Field(30.0, description="longest gap between chunks")
     max_concurrency: int = Field(8, ge=1, description="fleet-wide cap on requests in flight")
