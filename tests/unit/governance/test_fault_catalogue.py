@@ -178,3 +178,12 @@ async def test_a_recovered_preferred_source_gets_traffic_back_within_15_s(
     failing = [t for t, up in primary.sent if not up]
     opened = failing[5:]  # after the breaker opened (5 failures): probes only
     assert all(b - a >= 10.0 for a, b in itertools.pairwise(opened))  # one per cooldown
+
+
+async def test_fail_fast_never_waits_out_a_short_retry_after(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    sources = pair(clock, [steps.rate_limited(retry_after_s=4)])
+    gw = gateway(make_config("chat", SOURCES), sources)
+    result = await gw.call("s", "x", fail_fast=True)
+    assert result.source == "fallback"
