@@ -32,6 +32,7 @@ Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 """Source, scope and quota names: lowercase (environment keys are case-folded), key-safe."""
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 def _check_window(window: RpmWindow, rpm: int | None, remedy: str) -> None:
@@ -54,7 +55,11 @@ class BreakerConfig(_Strict):
     failure_threshold: int = Field(
         5, ge=1, description="consecutive transient failures that open it"
     )
-    cooldown_s: PositiveSeconds = Field(30.0, description="open time before one half-open probe")
+    cooldown_s: PositiveSeconds = Field(
+        10.0,
+        description="open time before one half-open probe (a recovered source gets traffic "
+        "back within about this long; failing probes stay one per cooldown, fleet-wide)",
+    )
     auth_cooldown_s: PositiveSeconds = Field(
         600.0, description="open time after the source rejected its credentials (401/403)"
     )
@@ -73,7 +78,11 @@ class SourceSettings(_Strict):
         60.0, description="total deadline of one attempt (streaming: the whole stream)"
     )
     ttft_timeout_s: PositiveSeconds | None = Field(
-        None, description="streaming chat: limit until the first token (unset: none)"
+        None,
+        description="streaming chat: limit until the first token of any kind, text, "
+        "reasoning, refusal or tool call (unset: 15 s; a model that reasons silently "
+        "before its first token needs its thinking time here, or timeout_s for no "
+        "separate limit)",
     )
     stream_idle_timeout_s: PositiveSeconds = Field(30.0, description="longest gap between chunks")
     max_concurrency: int = Field(8, ge=1, description="fleet-wide cap on requests in flight")
@@ -189,6 +198,17 @@ class ScopeSettings(_Strict):
     )
     rate_limit_exempt: bool | None = Field(
         None, description="a 429 does not burn the retry budget (default: chat yes, others no)"
+    )
+    same_source_retries: int = Field(
+        1,
+        ge=0,
+        description="retries of a source right after its 5xx or connection error, before "
+        "another source is tried (a timeout, a malformed answer or a rejection moves at once)",
+    )
+    wait_out_retry_after_s: NonNegativeSeconds = Field(
+        5.0,
+        description="a Retry-After up to this long on the scope's first source is waited out "
+        "on it; a longer one fails over to the next source",
     )
     outage_is_waiting: bool = Field(
         True,

@@ -9,6 +9,7 @@ def preference_order(
     sources: Sequence[str],
     excluded: Collection[str],
     last_failure: Mapping[str, int],
+    stay: str | None = None,
 ) -> list[str]:
     """Sources to try, best first.
 
@@ -17,8 +18,14 @@ def preference_order(
     failure the next attempt prefers a different runnable source, and a failing
     route is not retried while an alternative is open. Sources in `excluded`
     (they rejected this request) are left out entirely. `last_failure` maps a
-    source to the attempt number of its latest failure in this call.
+    source to the attempt number of its latest failure in this call. `stay` (a
+    source the call retries once after a 5xx or a connection error, SPEC §5
+    "Failover discipline") goes first, if it is still a candidate.
     """
     candidates = [s for s in sources if s not in excluded]
     rank = {s: i for i, s in enumerate(sources)}
-    return sorted(candidates, key=lambda s: (last_failure.get(s, -1), rank[s]))
+    order = sorted(candidates, key=lambda s: (last_failure.get(s, -1), rank[s]))
+    if stay in order:
+        order.remove(stay)
+        order.insert(0, stay)
+    return order

@@ -13,17 +13,19 @@ Chat, embedding and OCR differ only by their `KindPolicy`. Per call:
 
 An outage is waiting, not the request's failure (SPEC §3 rule 15). A
 transient failure burns the retry budget only when the scope made progress
-since the call began: another call was served meanwhile, so the failure is
-this request's own. Otherwise nothing tells it from an outage of the scope's
-sources, and it is charged to waiting: `max_attempts` is not touched, its time
-is refunded to the stall budget (a timeout's stays productive: a single
-timeout never makes a stall verdict, rule 5), and the stall verdict is checked
-after its backoff. So an outage that outlasts the stall window ends every call
-`stalled` (its task defers) however many calls are in flight, while the
-breaker keeps the outage's traffic to about one probe per cooldown; a lone
-request that can never succeed defers until the deferral budget ends it. The
-backoff grows on the call's failures of both kinds; an exempt 429's grows on
-the rate-limited streak's own counter (rule 3).
+since the call's previous failure (since it began, for its first): another
+call was served meanwhile, so the failure is this request's own. Otherwise
+nothing tells it from an outage of the scope's sources, and it is charged to
+waiting: `max_attempts` is not touched, its time is refunded to the stall
+budget unless it is the call's first failure (a single failed attempt,
+timeout or not, never makes a stall verdict, rule 5), and the stall verdict
+is checked after its backoff. So an outage that outlasts the stall window
+ends calls `stalled` (their tasks defer) however many are in flight, a call
+already in flight when it begins being charged at most one more failure,
+while the breaker keeps the outage's traffic to about one probe per
+cooldown; a lone request that can never succeed defers until the deferral
+budget ends it. The backoff grows on the call's failures of both kinds; an
+exempt 429's grows on the rate-limited streak's own counter (rule 3).
 
 Overshoot bound (SPEC §3 rule 13). Let t* be the first instant at which both
 stall conditions hold while the call is in a non-productive step. Checkpoints
@@ -110,6 +112,16 @@ def _reseed_permit_ids() -> None:
 os.register_at_fork(after_in_child=_reseed_permit_ids)
 
 
+def _same_source_worth_retrying(outcome: Outcome) -> bool:
+    """A 5xx (or 408/409) or a connection error: often gone on the next try. A timeout
+    (a silent route) or a malformed answer moves to another source at once."""
+    if outcome.timed_out:
+        return False
+    if outcome.status is None:
+        return True  # refused, reset, closed: no answer at all
+    return outcome.status >= 500 or outcome.status in (408, 409)
+
+
 @dataclass(frozen=True, slots=True)
 class CallResult:
     """A governed call's answer, who served it, what it cost, and how it got there."""
@@ -151,7 +163,11 @@ class GovernedCall:
         self.deadline = self.clock.entered_at + plan.max_call_s
         self.fails = 0  # failures charged to the retry budget
         self.outage_fails = 0  # transient failures charged to waiting (rule 15)
+        self.failed_at: float | None = None  # when this call's latest failure ended
         self.rate_limited_streak = 0  # consecutive 429s exempt from the retry budget
+        self.same_tries: dict[str, int] = {}  # retries of a source right after its failure
+        self.stay_on: str | None = None  # the source the next attempt retries first
+        self.hold_on: tuple[str, float] | None = None  # a short Retry-After waited out on it
         self.trail: list[AttemptRecord] = []
         self.excluded: set[str] = set()
         self.last_failure: dict[str, int] = {}
@@ -188,7 +204,7 @@ class GovernedCall:
                 await self._raise_if_stalled()
             if self.rt.clock.now() >= self.deadline:
                 raise self._exhausted("deadline")
-            order = preference_order(plan.sources, self.excluded, self.last_failure)
+            order = self._order()
             # Watch before asking, so a permit released right after the refusal is not missed.
             with self.rt.store.watch_releases(order) as released:
                 asked_at = self.rt.clock.now()
@@ -208,15 +224,48 @@ class GovernedCall:
                         self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
                     await self._on_no_runnable(admission, released)
                     continue
+            self.stay_on = self.hold_on = None  # one attempt each
             outcome, charged = await self._attempt(admission, asked_at)
             if outcome.kind is OutcomeKind.SUCCESS:
                 return self._result(admission.source, outcome)
             self._judge_failure(admission.source, outcome, charged)
+            self._plan_next(admission.source, outcome)
             if self.fails >= plan.max_attempts:
                 raise self._exhausted("retry_exhausted")
             await self._wait("backoff", self._backoff(outcome, charged))
             if not charged and not plan.policy.rate_limit_exempt:
                 await self._raise_if_stalled()  # an outage is waiting (rule 15)
+
+    def _order(self) -> list[str]:
+        """The sources to ask for, best first (SPEC §5 "Failover discipline"): while a
+        short Retry-After of the first source runs, that source alone (the wait goes
+        through the no-runnable path); a source just failed by a 5xx or a connection
+        error first, once; otherwise configuration order, failed sources last."""
+        if self.hold_on is not None:
+            source, until = self.hold_on
+            # Past the hint by one poll at most: the store's clock may end the pause a
+            # little later than this call's.
+            if self.rt.clock.now() < until + self.plan.poll_interval_s:
+                return [source]
+            self.hold_on = None
+        return preference_order(self.plan.sources, self.excluded, self.last_failure, self.stay_on)
+
+    def _plan_next(self, source: str, outcome: Outcome) -> None:
+        """Where the attempt after this failure goes: back to `source` once after a 5xx
+        or a connection error; onto `source` again after its own short Retry-After if it
+        is the scope's first choice; elsewhere for anything else."""
+        if outcome.kind is OutcomeKind.TRANSIENT and _same_source_worth_retrying(outcome):
+            tries = self.same_tries.get(source, 0)
+            if tries < self.plan.same_source_retries:
+                self.same_tries[source] = tries + 1
+                self.stay_on = source
+        elif outcome.kind is OutcomeKind.RATE_LIMITED:
+            hint = self._sane_hint(outcome.retry_after_s)
+            first = next((s for s in self.plan.sources if s not in self.excluded), None)
+            short = hint is not None and hint <= self.plan.wait_out_retry_after_s
+            if short and source == first and not self.fail_fast:  # fail_fast: never wait
+                assert hint is not None
+                self.hold_on = (source, self.rt.clock.now() + hint)
 
     # -- waiting -----------------------------------------------------------------
 
@@ -296,8 +345,10 @@ class GovernedCall:
             elif outcome.kind is OutcomeKind.TRANSIENT and await self._scope_is_down():
                 charged = False
                 self.outage_fails += 1
-                if not outcome.timed_out:  # a timeout stays productive (rule 5)
+                if self.failed_at is not None:  # the call's first failure stays productive
                     attempt.refund()
+            if outcome.kind is not OutcomeKind.SUCCESS:
+                self.failed_at = self.rt.clock.now()
             self._record(source, outcome, started, charged, productive=not attempt.refunded)
         return outcome, charged
 
@@ -305,15 +356,20 @@ class GovernedCall:
         """Whether a transient failure shows the scope's sources down (SPEC §3 rule 15).
 
         The scope's progress is the fleet-wide evidence: if no call of the scope
-        succeeded since this call began, nothing tells this request's failure
-        from an outage, and it is charged to waiting (the call ends `stalled`
-        and its task defers; the deferral budget bounds a request that can never
-        succeed). If another call succeeded meanwhile, the sources are serving
-        and the failure is this request's own: it burns the retry budget.
+        succeeded since this call's previous failure (since it began, for its
+        first), nothing tells this request's failure from an outage, and it is
+        charged to waiting (the call ends `stalled` and its task defers; the
+        deferral budget bounds a request that can never succeed). If another
+        call succeeded meanwhile, the sources are serving and the failure is this
+        request's own: it burns the retry budget. So once an outage begins, a
+        call in flight is charged at most one more failure. Progress age is a
+        duration on the store's clock, compared with one on the local clock.
         """
         if not self.plan.outage_is_waiting:
             return False
-        return not await self.rt.store.progress_age_s(self.plan.name) < self.clock.elapsed_s()
+        since = self.failed_at if self.failed_at is not None else self.clock.entered_at
+        age = await self.rt.store.progress_age_s(self.plan.name)
+        return not age < self.rt.clock.now() - since
 
     def _backoff(self, outcome: Outcome, charged: bool) -> float:
         """The delay after a failure: an exempt 429 grows on the rate-limited streak's

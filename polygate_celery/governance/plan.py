@@ -57,6 +57,8 @@ class ScopePlan:
     poll_interval_s: float
     retry_after_cap_s: float
     outage_is_waiting: bool = True
+    same_source_retries: int = 1
+    wait_out_retry_after_s: float = 5.0
 
     @classmethod
     def build(cls, config: GatewayConfig, name: str) -> ScopePlan:
@@ -76,4 +78,6 @@ class ScopePlan:
             poll_interval_s=scope.poll_interval_s,
             retry_after_cap_s=scope.retry_after_cap_s,
             outage_is_waiting=scope.outage_is_waiting,
+            same_source_retries=scope.same_source_retries,
+            wait_out_retry_after_s=scope.wait_out_retry_after_s,
         )

@@ -12,6 +12,10 @@ from polygate_celery.sources.exchange import DEFAULT_OCR_PROMPT, MAX_BODY_BYTES
 from polygate_celery.sources.http import OpenAIHttpSource
 from polygate_celery.sources.sdk import OpenAISDKSource, openai_module
 
+DEFAULT_TTFT_S = 15.0
+"""A streamed chat answer's first token, when `ttft_timeout_s` is unset: a stuck first
+token fails over within this long (see `SourceSettings.ttft_timeout_s`)."""
+
 
 def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool = False) -> Source:
     """The HTTP (or openai SDK) adapter of one configured source."""
@@ -20,6 +24,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
     if not source.model:
         raise ConfigError(f"sources.{name}.model", "needed to call this source")
     stream = source.stream if source.stream is not None else source.ttft_timeout_s is not None
+    ttft_s = source.ttft_timeout_s if source.ttft_timeout_s is not None else DEFAULT_TTFT_S
     if source.adapter == "openai-sdk":
         openai = openai_module()
         key = source.key.get_secret_value() if source.key is not None else "unused"
@@ -40,7 +45,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
             model=source.model,
             stream=stream,
             stream_usage=source.stream_usage,
-            ttft_timeout_s=source.ttft_timeout_s,
+            ttft_timeout_s=ttft_s,
             stream_idle_timeout_s=source.stream_idle_timeout_s,
             ocr_prompt=source.ocr_prompt or DEFAULT_OCR_PROMPT,
             include_bodies=include_bodies,
@@ -51,7 +56,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
         api_key=source.key,
         stream=stream,
         stream_usage=source.stream_usage,
-        ttft_timeout_s=source.ttft_timeout_s,
+        ttft_timeout_s=ttft_s,
         stream_idle_timeout_s=source.stream_idle_timeout_s,
         ocr_endpoint=source.ocr_endpoint,
         ocr_prompt=source.ocr_prompt or DEFAULT_OCR_PROMPT,

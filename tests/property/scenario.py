@@ -224,6 +224,7 @@ class Step_:
     verdict_by: float  # the checkpoint that follows it
     productive_before: float
     checked: bool
+    what: str = ""  # "no_runnable", "backoff" or "attempt" (a refunded one and its backoff)
 
 
 def non_productive_steps(run: Run) -> list[Step_]:
@@ -252,7 +253,7 @@ def non_productive_steps(run: Run) -> list[Step_]:
         # Checkpoints: every step of an exempt call; the wait for a runnable source; the
         # backoff after a failure charged to waiting (SPEC §3 rule 15).
         checked = run.exempt or what == "no_runnable" or not charged
-        out.append(Step_(start, end, verdict_by, productive, checked))
+        out.append(Step_(start, end, verdict_by, productive, checked, what))
     return out
 
 

@@ -90,7 +90,9 @@ def test_stalled_verdict_is_at_most_one_non_budget_step_late(scenario: Scenario)
             scenario.scope["poll_interval_s"],
             max(run.timeouts.values()) + scenario.scope["backoff_max_s"],
         )
-        goes_on = _next_attempt_at(run, step.verdict_by)
+        # A poll's verdict is given when the next look finds nothing runnable: a look that
+        # finds a source goes on to an attempt. After a backoff the check comes first.
+        goes_on = step.what == "no_runnable" and _next_attempt_at(run, step.verdict_by)
         assert run.ended_s <= step.verdict_by + EPS or goes_on
         assert run.ended_s - t_star <= bound + EPS or goes_on
 

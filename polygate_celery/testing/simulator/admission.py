@@ -1,12 +1,17 @@
-"""Testing: per-model admission for the simulator — concurrency and 60 s sliding rate windows.
+"""Testing: per-model admission for the simulator — concurrency and rate limits.
 
-Time is passed in (seconds since the server started), so the window arithmetic
-is plain and the hint it returns is truthful: retrying after `retry_after_s`
-(rounded up to whole seconds by the server) finds the window open again.
+Rates are counted as 60 s sliding windows (``rate_limiter = "window"``) or as
+token buckets refilled continuously (``"bucket"``, a GCRA per dimension: a full
+minute's allowance at once after an idle minute, then an even refill, as OpenAI
+and Anthropic describe theirs). Time is passed in (seconds since the server
+started), so the arithmetic is plain and the hint it returns is truthful:
+retrying after `retry_after_s` (rounded up to whole seconds by the server) finds
+the limit open again. `limits` reports what a provider's rate-limit headers say.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -16,6 +21,15 @@ from polygate_celery.testing.simulator.behaviour import ModelBehaviour
 WINDOW_S = 60.0
 # The hint for a request refused because the model is at capacity.
 CAPACITY_RETRY_AFTER_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One dimension's state as a provider announces it: limit, remaining, full reset."""
+
+    limit: int
+    remaining: int
+    reset_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +52,7 @@ class Admission:
         self._in_flight = 0
         self._peak = 0
         self._window: deque[tuple[float, int]] = deque()
+        self._tat = {"requests": 0.0, "tokens": 0.0}  # bucket: theoretical arrival times
 
     @property
     def in_flight(self) -> int:
@@ -63,6 +78,7 @@ class Admission:
                 if refusal is not None:
                     return refusal
                 self._window.append((now, tokens))
+                self._charge(now, tokens)
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)
             return None
@@ -71,7 +87,48 @@ class Admission:
         with self._lock:
             self._in_flight -= 1
 
+    def limits(self, now: float) -> dict[str, Limit]:
+        """Each limited dimension ("requests", "tokens") as of `now`."""
+        with self._lock:
+            self._expire(now)
+            found = {}
+            for name, limit in (("requests", self._behaviour.rpm), ("tokens", self._behaviour.tpm)):
+                if limit is not None:
+                    found[name] = self._limit(name, limit, now)
+            return found
+
+    def _limit(self, name: str, limit: int, now: float) -> Limit:
+        if self._behaviour.rate_limiter == "bucket":
+            ahead = max(0.0, self._tat[name] - now)
+            spent = ahead * limit / WINDOW_S
+            return Limit(limit, max(0, math.floor(limit - spent)), ahead)
+        entries = list(self._window)
+        used = len(entries) if name == "requests" else sum(n for _, n in entries)
+        reset = entries[-1][0] + WINDOW_S - now if entries else 0.0
+        return Limit(limit, max(0, limit - used), max(0.0, reset))
+
+    def _charge(self, now: float, tokens: int) -> None:
+        for name, cost, limit in self._buckets(tokens):
+            self._tat[name] = max(self._tat[name], now) + cost * WINDOW_S / limit
+
+    def _buckets(self, tokens: int) -> list[tuple[str, float, int]]:
+        if self._behaviour.rate_limiter != "bucket":
+            return []
+        found = []
+        if self._behaviour.rpm is not None:
+            found.append(("requests", 1.0, self._behaviour.rpm))
+        if self._behaviour.tpm is not None:
+            found.append(("tokens", float(min(tokens, self._behaviour.tpm)), self._behaviour.tpm))
+        return found
+
+    def _expire(self, now: float) -> None:
+        window = self._window
+        while window and window[0][0] <= now - WINDOW_S:
+            window.popleft()
+
     def _rate_refusal(self, now: float, tokens: int) -> Refusal | None:
+        if self._behaviour.rate_limiter == "bucket":
+            return self._bucket_refusal(now, tokens)
         window = self._window
         while window and window[0][0] <= now - WINDOW_S:
             window.popleft()
@@ -82,6 +139,18 @@ class Admission:
         # Truthful: the request fits only once both windows admit it.
         wait = max(rpm_wait or 0.0, tpm_wait or 0.0)
         return Refusal("429-rpm" if rpm_wait is not None else "429-tpm", wait)
+
+    def _bucket_refusal(self, now: float, tokens: int) -> Refusal | None:
+        """GCRA: a request conforms while its cost keeps the TAT within a minute of now."""
+        waits = {}
+        for name, cost, limit in self._buckets(tokens):
+            allowed_at = max(self._tat[name], now) + cost * WINDOW_S / limit - WINDOW_S
+            if allowed_at > now:
+                waits[name] = allowed_at - now
+        if not waits:
+            return None
+        outcome = "429-rpm" if "requests" in waits else "429-tpm"
+        return Refusal(outcome, max(waits.values()))
 
     def _rpm_wait(self, now: float) -> float | None:
         rpm = self._behaviour.rpm

@@ -22,6 +22,8 @@ RejectKind = Literal[
     "bad_request",
     "unprocessable",
 ]
+RateLimiter = Literal["window", "bucket"]
+RateLimitHeaders = Literal["none", "openai", "anthropic"]
 StreamFault = Literal["stall", "cut", "malformed", "no_done", "slow_first_token"]
 
 # `slow_first_token` holds the first chunk at least this long.
@@ -35,6 +37,12 @@ class ModelBehaviour:
     capacity: int | None = None
     rpm: int | None = None
     tpm: int | None = None
+    # How rpm and tpm are counted: "window", at most that many in any 60 s; "bucket",
+    # a token bucket of that size refilled continuously (as OpenAI and Anthropic do).
+    rate_limiter: RateLimiter = "window"
+    # Rate-limit headers on every answer, in OpenAI's (x-ratelimit-*) or Anthropic's
+    # (anthropic-ratelimit-*) style, as real providers send them.
+    ratelimit_headers: RateLimitHeaders = "none"
     latency_s: tuple[float, float] = (0.0, 0.0)
     first_token_s: float = 0.0
     error_rates: Mapping[int, float] = field(default_factory=dict)

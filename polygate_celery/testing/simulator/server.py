@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.utils import formatdate
 from typing import Any
 
@@ -27,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from polygate_celery.testing.simulator import answers, prompts
-from polygate_celery.testing.simulator.admission import Admission
+from polygate_celery.testing.simulator.admission import Admission, Limit
 from polygate_celery.testing.simulator.behaviour import ModelBehaviour, RetryAfterFormat
 from polygate_celery.testing.simulator.journal import Journal, JournalEntry, Visit
 from polygate_celery.testing.simulator.streaming import stream_chat
@@ -79,6 +80,32 @@ def retry_headers(style: RetryAfterFormat, seconds: float | None) -> dict[str, s
     if style == "http-date":
         return {"Retry-After": formatdate(math.ceil(time.time()) + whole, usegmt=True)}
     return {"Retry-After": str(whole)}
+
+
+def ratelimit_headers(style: str, limits: Mapping[str, Limit]) -> dict[str, str]:
+    """Rate-limit headers as OpenAI (``x-ratelimit-*``, resets as durations such as
+    ``6m0s``) or Anthropic (``anthropic-ratelimit-*``, resets as RFC 3339 instants) send them."""
+    headers: dict[str, str] = {}
+    for name, limit in limits.items():
+        if style == "openai":
+            headers[f"x-ratelimit-limit-{name}"] = str(limit.limit)
+            headers[f"x-ratelimit-remaining-{name}"] = str(limit.remaining)
+            headers[f"x-ratelimit-reset-{name}"] = _duration(limit.reset_s)
+        elif style == "anthropic":
+            reset = datetime.fromtimestamp(math.ceil(time.time() + limit.reset_s), UTC)
+            headers[f"anthropic-ratelimit-{name}-limit"] = str(limit.limit)
+            headers[f"anthropic-ratelimit-{name}-remaining"] = str(limit.remaining)
+            headers[f"anthropic-ratelimit-{name}-reset"] = reset.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return headers
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's reset format: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    minutes, rest = divmod(seconds, 60)
+    rest = math.ceil(rest * 1000) / 1000
+    return f"{int(minutes)}m{rest:g}s" if minutes else f"{rest:g}s"
 
 
 def _bearer_matches(request: web.Request, key: str) -> bool:
@@ -160,7 +187,15 @@ class Simulator:
         behaviour = self.models.get(visit.model)
         style = behaviour.retry_after if behaviour else "none"
         headers = retry_headers(style, failure.retry_after_s) if failure.status == 429 else {}
+        headers |= self._limit_headers(visit.model)
         return web.json_response(failure.body, status=failure.status, headers=headers)
+
+    def _limit_headers(self, model: str | None) -> dict[str, str]:
+        behaviour = self.models.get(model) if model is not None else None
+        if behaviour is None or behaviour.ratelimit_headers == "none":
+            return {}
+        limits = self.admissions[model].limits(self.since_start()) if model else {}
+        return ratelimit_headers(behaviour.ratelimit_headers, limits)
 
     async def _serve(
         self, endpoint: Endpoint, request: web.Request, visit: Visit
@@ -231,14 +266,24 @@ class Simulator:
         answer_id = f"sim-{next(self._serial)}"
         if prompt.stream and endpoint.path == "/chat/completions":
             return await stream_chat(
-                request, visit, behaviour, prompt, answer_id, self._latency(behaviour), self.record
+                request,
+                visit,
+                behaviour,
+                prompt,
+                answer_id,
+                self._latency(behaviour),
+                self.record,
+                extra_headers=self._limit_headers(visit.model),
             )
         await asyncio.sleep(behaviour.first_token_s + self._latency(behaviour))
         if behaviour.status_body_malformed:
             self.record(visit, 200, "malformed-body")
             return web.Response(text=MALFORMED_BODY, content_type="application/json")
         self.record(visit, 200, "ok")
-        return web.json_response(endpoint.render(answer_id, visit.model, prompt, behaviour))
+        return web.json_response(
+            endpoint.render(answer_id, visit.model, prompt, behaviour),
+            headers=self._limit_headers(visit.model),
+        )
 
     def _draw_error(self, behaviour: ModelBehaviour) -> int | None:
         if not behaviour.error_rates:

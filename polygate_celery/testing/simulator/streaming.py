@@ -40,10 +40,15 @@ async def stream_chat(
     answer_id: str,
     latency_s: float,
     record: Record,
+    extra_headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
     """Send the answer as events; journal the outcome through `record`."""
     response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            **(extra_headers or {}),
+        }
     )
     await response.prepare(request)
     visit.answered = 200

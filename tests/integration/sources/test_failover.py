@@ -60,25 +60,29 @@ async def test_retry_after_is_honoured_fleet_wide(
 
 
 @pytest.mark.parametrize(
-    ("primary", "source"),
+    ("primary", "source", "tries"),
     [
-        ("slow", {"timeout_s": 0.5}),
-        ("stall", {"stream": True, "stream_idle_timeout_s": 0.3}),
-        ("slow-first-token", {"ttft_timeout_s": 0.3}),
-        ("e500", {}),
-        ("outage", {}),
-        ("malformed-body", {}),
+        ("slow", {"timeout_s": 0.5}, 1),
+        ("stall", {"stream": True, "stream_idle_timeout_s": 0.3}, 1),
+        ("slow-first-token", {"ttft_timeout_s": 0.3}, 1),
+        ("e500", {}, 2),  # a 5xx is retried once on the preferred source
+        ("outage", {}, 2),
+        ("malformed-body", {}, 1),
     ],
 )
 async def test_a_failing_primary_is_not_retried_while_the_fallback_is_open(
-    scope_with: Any, provider: SimulatedProvider, primary: str, source: dict[str, Any]
+    scope_with: Any,
+    provider: SimulatedProvider,
+    primary: str,
+    source: dict[str, Any],
+    tries: int,
 ) -> None:
     gateway = scope_with(primary, **source)
     started = time.monotonic()
     result = await gateway.chat("s", [{"role": "user", "content": "hi"}])
     assert result.value == ChatResult("the fallback's answer", "stop")
-    assert sent(provider, primary) == 1
-    assert [a.source for a in result.attempts] == ["primary", "backup"]
+    assert sent(provider, primary) == tries
+    assert [a.source for a in result.attempts] == ["primary"] * tries + ["backup"]
     assert time.monotonic() - started < gateway.plan("s").max_call_s
 
 

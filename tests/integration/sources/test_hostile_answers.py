@@ -9,7 +9,6 @@ and the process's resident memory is sampled while the answer is read.
 from __future__ import annotations
 
 import asyncio
-import resource
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 from pydantic import SecretStr
 
@@ -119,11 +119,7 @@ def counting_transport(library: Any) -> Any:
 
 
 def resident_bytes() -> int:
-    """The process's resident memory now (with psutil), else the most it ever held."""
-    try:
-        import psutil  # noqa: PLC0415 - in the dev environment, through the demo extra
-    except ImportError:  # pragma: no cover - ru_maxrss is in KiB on Linux
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """The process's resident memory now."""
     return int(psutil.Process().memory_info().rss)
 
 

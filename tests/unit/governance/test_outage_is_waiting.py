@@ -9,11 +9,13 @@ own (the source keeps serving other calls) still ends `retry_exhausted`.
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections import Counter
 from typing import Any
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted
+from polygate_celery import AllSourcesExhausted, Store
 from polygate_celery.core.outcome import Outcome
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, make_config
@@ -103,20 +105,97 @@ async def test_refused_connections_end_every_call_stalled(
     found = await verdicts([gw.call("s", f"p{n}") for n in range(calls)])
     assert found == ["stalled"] * calls
     # The breaker keeps the outage cheap: a first attempt or two a call, then probes.
-    assert source.attempts <= 2 * calls + 15  # probes: about one per cooldown, fleet-wide
+    # A first attempt and its one same-source retry a call, then probes: about one per
+    # breaker cooldown (10 s) fleet-wide over the stall window (300 s).
+    assert source.attempts <= 3 * calls + 300 / 10 + 5
 
 
 @pytest.mark.parametrize("calls", [1, 16])
-async def test_an_outage_of_timeouts_defers_every_call(
-    clock: VirtualClock, gateway: GatewayFactory, calls: int
+@pytest.mark.parametrize("timeout_s", [30, 60])
+async def test_an_outage_of_timeouts_ends_every_call_stalled(
+    clock: VirtualClock, gateway: GatewayFactory, calls: int, timeout_s: int
 ) -> None:
-    """Timeouts stay productive (a single timeout never makes a stall, rule 5), so a
-    call may reach its deadline before its stall window: it defers either way."""
+    """A call's first timeout stays productive (a single timeout never makes a stall,
+    rule 5); the outage's later ones are waiting."""
     source = ScriptedSource.always(clock, steps.timeout())
-    gw = gateway(make_config("chat", {"a": {"timeout_s": 30}}), {"a": source}, scope_gate=True)
-    found = await verdicts([gw.call("s", f"p{n}") for n in range(calls)])
-    assert set(found) <= {"stalled", "deadline"}
-    assert "retry_exhausted" not in found
+    config = make_config("chat", {"a": {"timeout_s": timeout_s}})
+    gw = gateway(config, {"a": source}, scope_gate=True)
+    assert await verdicts([gw.call("s", f"p{n}") for n in range(calls)]) == ["stalled"] * calls
+
+
+async def test_a_single_long_failure_never_makes_a_stall_verdict(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """The seed's second example with a gateway's 504 at the deadline instead of a
+    timeout: the call's first failure keeps its time productive."""
+    source = ScriptedSource(
+        clock, iter([steps.server_error(status=504, duration_s=300), steps.ok("late")])
+    )
+    config = make_config("chat", {"a": {"timeout_s": 300}}, stall_window_s=300)
+    result = await gateway(config, {"a": source}).call("s", "x")
+    assert result.value == "late"
+
+
+class ServesUntil:
+    """A source that serves (0.5 s an answer) until `down_at`, then answers 503."""
+
+    def __init__(self, clock: VirtualClock, down_at: float) -> None:
+        self.clock, self.down_at = clock, down_at
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        await self.clock.sleep(0.5)
+        if self.clock.now() < self.down_at:
+            return Outcome.success(payload)
+        return Outcome.transient("service unavailable", status=503)
+
+
+async def test_an_outage_that_begins_while_calls_are_in_flight_fails_none_of_them(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """200 calls, 8 served at a time until the source goes down at 10 s: a call in
+    flight is charged at most one failure after the outage begins."""
+    config = make_config("chat", {"a": {"max_concurrency": 8}})
+    gw = gateway(config, {"a": ServesUntil(clock, down_at=10.0)}, scope_gate=True)
+    found = Counter(await verdicts([gw.call("s", f"p{n}") for n in range(200)]))
+    assert set(found) == {"success", "stalled"}
+    assert found["success"] >= 100
+
+
+async def test_progress_from_before_the_call_is_no_evidence_of_serving(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
+) -> None:
+    """The scope succeeded 10 s before the call began (well within the stall window),
+    then went down: the call's failures are still the outage's."""
+    source = ScriptedSource(clock, iter([steps.ok(), *[steps.server_error(status=503)] * 200]))
+    gw = gateway(make_config("chat"), {"a": source}, scope_gate=True)
+    await gw.call("s", "earlier")
+    clock.advance(10)
+    with pytest.raises(AllSourcesExhausted) as caught:
+        await gw.call("s", "x")
+    assert caught.value.reason == "stalled"
+    assert not any(a.burned_budget for a in caught.value.trail)
+
+
+async def test_an_outage_backs_off_exponentially(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """A breaker that never opens leaves the backoff alone to pace the call: the gaps
+    double (halved at u = 0) up to backoff_max_s."""
+    source = Refusing()
+    config = make_config("chat", {"a": {"breaker": {"failure_threshold": 1000}}})
+    gw = gateway(config, {"a": source}, scope_gate=True)
+    sent: list[float] = []
+    original = source.send
+
+    async def timed(payload: Any, *, timeout_s: float) -> Outcome:
+        sent.append(clock.now())
+        return await original(payload, timeout_s=timeout_s)
+
+    source.send = timed  # type: ignore[method-assign]
+    assert await verdicts([gw.call("s", "x")]) == ["stalled"]
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(sent)]
+    # the first failure is retried once on the source (same_source_retries), then 2, 4...
+    assert gaps[:6] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
 
 
 async def test_a_mixed_outage_ends_stalled(clock: VirtualClock, gateway: GatewayFactory) -> None:

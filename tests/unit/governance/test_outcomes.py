@@ -61,14 +61,15 @@ async def test_rejected_everywhere_is_fatal(clock: VirtualClock, gateway: Gatewa
 async def test_after_transient_failure_next_attempt_prefers_another_source(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
-    a = ScriptedSource(clock, [steps.server_error(status=503), steps.ok("a")])
+    a = ScriptedSource(clock, [steps.server_error(status=503)] * 2 + [steps.ok("a")])
     b = ScriptedSource(clock, [steps.timeout(), steps.ok("b")])
     gw = gateway(make_config("ocr", TWO), {"a": a, "b": b})
 
     result = await gw.call("s", "x")
 
-    # a fails, b (untried) is preferred; b fails, a (least recent failure) goes next.
-    assert [r.source for r in result.attempts] == ["a", "b", "a"]
+    # a's 503 is retried once on a (same_source_retries); a fails again, b (untried) is
+    # preferred; b times out (no retry on the same source), a (least recent) goes next.
+    assert [r.source for r in result.attempts] == ["a", "a", "b", "a"]
     assert result.value == "a"
 
 

@@ -105,8 +105,12 @@ async def test_progress_going_stale_later_stalls_within_one_poll(
 async def test_productive_time_never_stalls_however_long(
     kind: str, clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
+    """Time charged to the retry budget. (With `outage_is_waiting`, the default, the
+    second timeout of a lone call is the outage's: `test_outage_is_waiting`.)"""
     source = ScriptedSource(clock, [steps.timeout(), steps.timeout(), steps.ok("late")])
-    config = make_config(kind, {"a": {"timeout_s": 10_000}}, stall_window_s=5)
+    config = make_config(
+        kind, {"a": {"timeout_s": 10_000}}, stall_window_s=5, outage_is_waiting=False
+    )
     gw = gateway(config, {"a": source})
 
     result = await gw.call("s", "x")
