@@ -148,10 +148,11 @@ class Peak:
         self.thread.join()
 
 
-@pytest.fixture(params=["http", "sdk", "sdk-unhooked"])
-def adapter(request: pytest.FixtureRequest) -> str:
-    """http; the SDK with a configured source's client; the SDK with a plain client of yours."""
-    return str(request.param)
+ADAPTERS = ("http", "sdk", "sdk-unhooked")
+"""http; the SDK with a configured source's client; the SDK with a plain client of yours.
+The last reads an error answer whole (the SDK does, unless its client has the
+`body_limit` hook): the cells of error answers leave it out, as documented."""
+BOUNDED_ERRORS = ("http", "sdk")
 
 
 def build(kind: str, url: str, transport: Any) -> tuple[Source, Any]:
@@ -196,11 +197,12 @@ async def flooded(
     return outcome, transport.received, peak.growth
 
 
-@pytest.mark.parametrize("hostile", sorted(HOSTILE))
+@pytest.mark.parametrize(
+    ("adapter", "hostile"),
+    [(a, h) for a in ADAPTERS for h in sorted(HOSTILE) if h != "huge-error" or a in BOUNDED_ERRORS],
+)
 async def test_a_hostile_answer_is_refused_at_the_body_limit(adapter: str, hostile: str) -> None:
     head, piece, request = HOSTILE[hostile]
-    if adapter == "sdk-unhooked" and hostile == "huge-error":
-        pytest.skip("the SDK reads an error answer whole unless its client has the hook")
     outcome, received, growth = await flooded(adapter, head, piece, request)
     assert (outcome.kind, outcome.reason) == (
         OutcomeKind.TRANSIENT,
@@ -210,12 +212,11 @@ async def test_a_hostile_answer_is_refused_at_the_body_limit(adapter: str, hosti
     assert growth < 5 * LIMIT
 
 
+@pytest.mark.parametrize("adapter", BOUNDED_ERRORS)
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_a_flooding_429_is_rate_limited_without_reading_it(
     adapter: str, streamed: bool
 ) -> None:
-    if adapter == "sdk-unhooked":
-        pytest.skip("the SDK reads an error answer whole unless its client has the hook")
     request = STREAM if streamed else CHAT
     outcome, received, growth = await flooded(adapter, LIMITED_HEAD, b"x" * PIECE, request)
     assert (outcome.kind, outcome.retry_after_s) == (OutcomeKind.RATE_LIMITED, 3.0)
