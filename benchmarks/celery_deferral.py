@@ -58,6 +58,7 @@ from benchmarks._processes import (  # noqa: E402
 )
 from polygate_celery import parse_config  # noqa: E402
 from polygate_celery.celery import ParkingLot, configure_worker, lot_name  # noqa: E402
+from polygate_celery.config.models import DeferralConfig  # noqa: E402
 from polygate_celery.store.redis import KeySpace  # noqa: E402
 from tests.celery.workers import toml  # noqa: E402
 
@@ -71,6 +72,8 @@ RATIO_TARGET = 0.8
 LONG_DEFERRAL_S = 120.0
 DUE_SPREAD_S = 10.0
 POLL_S = 0.02
+# A confirmed entry is kept `release_check_s` ahead; a claimed one `claim_lease_s` ahead.
+KEPT_AHEAD_S = (DeferralConfig().release_check_s + DeferralConfig().claim_lease_s) / 2
 HORIZON_S = 1.0  # the lag poller reads entries due within this; a claim moves one 30 s out
 MODEL = "instant"
 
@@ -397,7 +400,10 @@ def watch_releases(bench: Bench, worker: Worker, n: int, deadline: float) -> dic
             scores = r.zmscore(worker.lot, gone)
             now = time.time()
             for member, score in zip(gone, scores, strict=True):
-                if score is None:
+                # Released: confirmed, so deleted (an older lot) or kept until its run
+                # begins, its score moved `release_check_s` ahead (a claim moves it
+                # only `claim_lease_s` ahead).
+                if score is None or score >= now + KEPT_AHEAD_S:
                     released_at[member] = now
                     watching.discard(member)
                 else:
@@ -689,12 +695,13 @@ def report(
         "a release loop, started by `worker_process_init`), "
         f"`release_interval_s` {deferral.get('release_interval_s', 0.2)} and "
         f"`release_batch` {deferral.get('release_batch', 200)} (the defaults). "
-        "The benchmark polls the lot (`{<prefix>}:v1:parked:polygate_bench`) with "
+        "The benchmark polls the lot (`{<prefix>}:v1:parked:polygate_bench@<broker>`) with "
         f"`ZRANGEBYSCORE lot -inf now+{HORIZON_S:g} WITHSCORES` every "
         f"{POLL_S * 1000:.0f} ms (plus `ZMSCORE` of the entries it watches that left that "
         "range): an entry's first-seen score is its due time (a claim moves the score to "
-        "the lease end), and its release is the first poll that no longer finds it (the "
-        "releaser confirms by deleting it), so a lag is an upper bound, late by at most one "
+        "the lease end), and its release is the first poll that finds it gone or kept (the "
+        "releaser confirms by keeping it `release_check_s` ahead until its run begins), "
+        "so a lag is an upper bound, late by at most one "
         f"poll (a poll took {lag['poll_ms']:.1f} ms on average). Claim lag: the first poll "
         "that saw the entry's score moved; entries claimed and released between two polls "
         "have none, so that row covers only the slower releases.",
