@@ -11,15 +11,14 @@ short Retry-After is waited out on it, and anything else moves over at once.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import pytest
 
 from polygate_celery import AllSourcesExhausted, SourceFatalError
-from polygate_celery.core.outcome import Outcome
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from polygate_celery.testing.scripted import Step
 from tests.conftest import GatewayFactory, make_config
+from tests.unit.governance.outage_sources import DownBetween
 
 SOURCES = {"primary": {"timeout_s": 30}, "fallback": {"timeout_s": 30}}
 
@@ -145,27 +144,12 @@ async def test_429s_without_a_hint_back_off_on_their_streak(
     assert len(sent) <= 15
 
 
-class DownUntil:
-    """A source that fails (503) until `back_at`, then serves."""
-
-    def __init__(self, clock: VirtualClock, back_at: float) -> None:
-        self.clock, self.back_at = clock, back_at
-        self.sent: list[tuple[float, bool]] = []
-
-    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
-        up = self.clock.now() >= self.back_at
-        self.sent.append((self.clock.now(), up))
-        if up:
-            return Outcome.success("p")
-        return Outcome.transient("service unavailable", status=503)
-
-
 async def test_a_recovered_preferred_source_gets_traffic_back_within_15_s(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
     """Primary down for 60 s, one request every 4 s: served by the fallback meanwhile,
     failing probes at most one per cooldown, and back on the primary within 15 s."""
-    primary = DownUntil(clock, back_at=60.0)
+    primary = DownBetween(clock, 0.0, 60.0)
     sources = {"primary": primary, "fallback": ScriptedSource.always(clock, steps.ok("f"))}
     gw = gateway(make_config("chat", SOURCES), sources)
     served: list[tuple[float, str]] = []

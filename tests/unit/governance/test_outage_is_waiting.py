@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections import Counter
 from typing import Any
 
@@ -19,6 +20,7 @@ from polygate_celery import AllSourcesExhausted, Store
 from polygate_celery.core.outcome import Outcome
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, make_config
+from tests.unit.governance.outage_sources import DownBetween
 
 CONCURRENCY = (1, 4, 8, 16, 200)
 
@@ -32,19 +34,6 @@ class Refusing:
     async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
         self.attempts += 1
         return Outcome.transient("connection refused")
-
-
-class DownUntil:
-    """A source that answers 503 until `back_at`, then serves."""
-
-    def __init__(self, clock: VirtualClock, back_at: float) -> None:
-        self.clock, self.back_at = clock, back_at
-
-    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
-        await self.clock.sleep(0.2)
-        if self.clock.now() < self.back_at:
-            return Outcome.transient("service unavailable", status=503)
-        return Outcome.success(payload)
 
 
 class BadForOne:
@@ -136,26 +125,13 @@ async def test_a_single_long_failure_never_makes_a_stall_verdict(
     assert result.value == "late"
 
 
-class ServesUntil:
-    """A source that serves (0.5 s an answer) until `down_at`, then answers 503."""
-
-    def __init__(self, clock: VirtualClock, down_at: float) -> None:
-        self.clock, self.down_at = clock, down_at
-
-    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
-        await self.clock.sleep(0.5)
-        if self.clock.now() < self.down_at:
-            return Outcome.success(payload)
-        return Outcome.transient("service unavailable", status=503)
-
-
 async def test_an_outage_that_begins_while_calls_are_in_flight_fails_none_of_them(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
     """200 calls, 8 served at a time until the source goes down at 10 s: a call in
     flight is charged at most one failure after the outage begins."""
     config = make_config("chat", {"a": {"max_concurrency": 8}})
-    gw = gateway(config, {"a": ServesUntil(clock, down_at=10.0)}, scope_gate=True)
+    gw = gateway(config, {"a": DownBetween(clock, 10.0, math.inf, latency_s=0.5)}, scope_gate=True)
     found = Counter(await verdicts([gw.call("s", f"p{n}") for n in range(200)]))
     assert set(found) == {"success", "stalled"}
     assert found["success"] >= 100
@@ -208,7 +184,7 @@ async def test_a_mixed_outage_ends_stalled(clock: VirtualClock, gateway: Gateway
 async def test_the_calls_succeed_once_the_source_is_back(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
-    source = DownUntil(clock, back_at=400.0)
+    source = DownBetween(clock, 0.0, 400.0, latency_s=0.2)
     gw = gateway(make_config("chat"), {"a": source}, scope_gate=True)
     assert await verdicts([gw.call("s", f"p{n}") for n in range(16)]) == ["stalled"] * 16
     clock.advance(400 - clock.now() + 60)  # the source is back; its deferred tasks run again
