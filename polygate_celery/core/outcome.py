@@ -35,10 +35,6 @@ class RateLimits:
     tokens_remaining: int | None = None
     tokens_reset_s: float | None = None
 
-    @property
-    def empty(self) -> bool:
-        return all(getattr(self, name) is None for name in self.__slots__)
-
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
