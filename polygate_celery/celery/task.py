@@ -36,12 +36,12 @@ from typing import Any, NoReturn, TypeVar, cast
 from celery import Task, signals
 from celery._state import get_current_task
 from celery.exceptions import Ignore, Reject
+from kombu.exceptions import EncodeError
 
 from polygate_celery.celery.deferral import defer, requeue_copy
 from polygate_celery.celery.guard import ExecutionGuard, patiently, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
-from polygate_celery.celery.parking import TRANSIENT_BROKER_ERRORS
 from polygate_celery.celery.runtime import runtime_for
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, PolygateError
 
@@ -112,6 +112,7 @@ def _run(
     reuse: bool,
 ) -> Any:
     runtime = runtime_for(task.app)
+    _hand_back_unpublished_retries(task)
     run = RunIdentity.of(task)
     guard = ExecutionGuard(runtime, task, run)
     rerun = run.deferrals > 0 or guard.copy  # kept results may exist
@@ -150,12 +151,6 @@ def _run(
         if getattr(exc, "requeue", False):  # back to the broker: the run goes on
             quietly(guard.release)
             raise
-        reason = getattr(exc, "reason", None)
-        if isinstance(reason, TRANSIENT_BROKER_ERRORS):
-            # Celery's retry() could not publish the retry (the broker is down) and would
-            # drop the message: hand it back instead, so the retry happens on redelivery.
-            quietly(guard.release)
-            raise Reject(reason, requeue=True) from exc
         finish_after_return(guard)
         raise
     except Exception:
@@ -173,6 +168,41 @@ def _run(
 
 
 _returning = threading.local()
+
+
+def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
+    """Make `task.retry` hand the message back to the broker when the retry cannot be
+    published, where Celery would drop it (``Reject(requeue=False)``): the run is left
+    unfinished and runs again on redelivery. Installed once per task object, so it holds
+    for ``self.retry()`` in the body and for ``autoretry_for`` (which calls `task.retry`
+    after the body has ended). A retry that cannot be encoded is dropped, as Celery does:
+    it would fail the same way on every redelivery."""
+    if "retry" in vars(task):
+        return
+    celery_retry = task.retry
+
+    @functools.wraps(celery_retry)
+    def retry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return celery_retry(*args, **kwargs)
+        except Reject as exc:
+            reason = getattr(exc, "reason", None)
+            if getattr(exc, "requeue", True) or not isinstance(reason, Exception):
+                raise
+            if isinstance(reason, EncodeError):
+                raise
+            guard: ExecutionGuard | None = getattr(_returning, "guard", None)
+            if guard is not None:  # autoretry_for: the body has ended; leave it unfinished
+                _returning.guard = None
+                quietly(guard.release)
+            logger.warning(
+                "task %s: its retry could not be published (%s); handed back to the broker",
+                task.request.id,
+                type(reason).__name__,
+            )
+            raise Reject(reason, requeue=True) from exc
+
+    task.retry = retry  # type: ignore[method-assign]
 
 
 def finish_after_return(guard: ExecutionGuard) -> None:

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 import redis as sync_redis
-from celery import Celery, shared_task
+from celery import Celery, Task, shared_task
+from kombu.exceptions import EncodeError, OperationalError
 
 from polygate_celery import AllSourcesExhausted, SourceFatalError, load_config
 from polygate_celery.celery import AsyncGovernedCalls, GovernedCalls, configure_worker, governed
@@ -220,3 +221,59 @@ def witnessed(self: Any, calls: GovernedCalls, scope: str = "killable") -> str:
         answer = calls.chat(HELLO, scope=scope).value.text
         client.rpush(f"witness:{self.request.id}", f"end {time.time()}")
     return answer
+
+
+class RetryPublishFails(Task):  # type: ignore[misc]
+    """A task whose first retry message does not reach the broker: its publish raises
+    `fault`, as when the broker goes away mid-retry (later publishes go through).
+    `acks_late` as `configure_worker` sets it (in-process workers bind tasks before)."""
+
+    acks_late = True
+
+    fault: type[Exception] = OperationalError
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        retry_of = options.get("task_id") if options.get("retries") else None
+        if retry_of and sync_redis.Redis.from_url(app.conf.broker_url).set(
+            f"retry-fault:{retry_of}", 1, nx=True
+        ):
+            raise self.fault("the retry message did not reach the broker")
+        return super().apply_async(args, kwargs, **options)
+
+
+@app.task(bind=True, base=RetryPublishFails, max_retries=3, default_retry_delay=0.1)
+@governed("chat")
+def retry_unpublished(self: Any, calls: GovernedCalls) -> str:
+    """`self.retry()` on the first run, whose retry message does not reach the broker."""
+    note_run(self.request.id)
+    if self.request.retries == 0:
+        raise self.retry(exc=ConnectionError("the network blinked"))
+    return calls.chat(HELLO).value.text
+
+
+@app.task(
+    bind=True,
+    base=RetryPublishFails,
+    autoretry_for=(ConnectionError,),
+    max_retries=3,
+    default_retry_delay=0.1,
+)
+@governed("chat")
+def autoretry_unpublished(self: Any, calls: GovernedCalls) -> str:
+    """Like `retry_unpublished`, retried by `autoretry_for` after the body has ended."""
+    note_run(self.request.id)
+    if self.request.retries == 0:
+        raise ConnectionError("the network blinked")
+    return calls.chat(HELLO).value.text
+
+
+class RetryCannotEncode(RetryPublishFails):  # type: ignore[misc]
+    fault = EncodeError
+
+
+@app.task(bind=True, base=RetryCannotEncode, max_retries=3, default_retry_delay=0.1)
+@governed("chat")
+def retry_unencodable(self: Any, calls: GovernedCalls) -> str:
+    """`self.retry()` whose message cannot be encoded: it would fail on every redelivery."""
+    note_run(self.request.id)
+    raise self.retry(exc=ConnectionError("the network blinked"))

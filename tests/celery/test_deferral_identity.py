@@ -34,9 +34,12 @@ from tests.celery.app import (
     app,
     ask,
     ask_kept,
+    autoretry_unpublished,
     defer_then_autoretry,
     defer_then_exhaust,
     replaced_after_deferral,
+    retry_unencodable,
+    retry_unpublished,
     witnessed,
 )
 from tests.celery.conftest import Worker, config_data
@@ -95,6 +98,28 @@ def test_autoretry_after_a_deferral_runs_the_retry(
         result = task.delay()
         assert result.get(timeout=30) == "fine"
     assert runs(broker, result.id) == 3  # deferred, failed and retried, done
+
+
+# 2b. A retry the broker does not take is handed back, not dropped (Celery rejects the
+# message without requeueing it when the retry's publish fails).
+@pytest.mark.parametrize("task", [retry_unpublished, autoretry_unpublished], ids=lambda t: t.name)
+def test_a_retry_the_broker_did_not_take_runs_from_the_handed_back_message(
+    governed_worker: Worker, broker: str, task: Any
+) -> None:
+    with governed_worker():
+        result = task.delay()
+        assert result.get(timeout=30) == "fine"
+    assert runs(broker, result.id) == 3  # retry unpublished, handed back; retried; done
+
+
+def test_a_retry_that_cannot_be_encoded_is_not_handed_back(
+    governed_worker: Worker, broker: str
+) -> None:
+    with governed_worker():
+        result = retry_unencodable.delay()
+        assert wait_for_state(result, "FAILURE")  # Celery's own conduct: rejected, failed
+        time.sleep(1.0)  # a handed-back message would run again within this
+    assert runs(broker, result.id) == 1
 
 
 # 3. A task-sent event published after the task message is not what gets parked.
