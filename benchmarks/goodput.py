@@ -8,19 +8,25 @@ Writes ``benchmarks/RESULTS.md`` and one PNG per scenario under
 
 The workload is fixed (the defaults below): 300 chat tasks sent at once to 2
 ``celery worker`` processes of 8 threads each (16 in flight), against the
-simulated provider in this process: an RPM quota of 120 for the key (a 60 s
-sliding window, with a truthful Retry-After on every 429), 5 % of admitted
-requests answered 503, 200 ms per answer. The second scenario adds a 60 s total
-outage (every request answered 503 at once) centred on the middle of the ideal
-run. Every contender (`benchmarks/goodput_app.py`) runs the same workload on
-fresh workers, a fresh provider and a fresh database.
+simulated provider in this process, modelled on real ones: an RPM quota of 120
+for the key as a token bucket refilled continuously, rate-limit headers on every
+answer and a truthful Retry-After on every 429, 5 % of admitted requests
+answered 503, 200 ms per answer. Scenarios (`SCENARIOS`): `steady`; `outage`,
+the same plus a 60 s total outage (every request answered 503 at once) centred
+on the middle of the ideal run; then polygate_celery alone with no rpm declared
+(`undeclared`, OpenAI-style headers; `undeclared-anthropic`), and against a
+provider that counts in 60 s windows (`window`), each with the defaults. Every
+contender (`benchmarks/goodput_app.py`) runs the same workload on fresh workers,
+a fresh provider and a fresh database.
 
-Ideal finish time: the window admits Q requests in any 60 s, so the k-th
-admitted request (k = 0, 1, ...) cannot start before floor(k / Q) * 60 s.
-Failed answers are charged to the quota too, so N tasks need about
-A = ceil(N / (1 - p)) admitted requests, and nothing can finish before
-T = floor((A - 1) / Q) * 60 s + L (L the answer latency); the outage adds its
-length D. For the defaults: A = 316, T = 120.2 s, 180.2 s with the outage.
+Ideal finish time: failed answers are charged to the quota too, so N tasks need
+about A = ceil(N / (1 - p)) admitted requests. A bucket of Q starts full and
+refills one request every 60 / Q s, so the k-th admitted request (k = 0, 1, ...)
+cannot start before max(0, k - Q + 1) * 60 / Q s and nothing can finish before
+T = max(0, A - Q) * 60 / Q s + L (L the answer latency); a window admits Q in any
+60 s, so T = floor((A - 1) / Q) * 60 s + L. The outage adds its length D. For
+the defaults: A = 316, T = 98.2 s (bucket), 158.2 s with the outage, 120.2 s
+(window).
 """
 
 from __future__ import annotations
@@ -68,6 +74,39 @@ DONE_STATES = {"SUCCESS", "FAILURE"}
 
 
 @dataclass(frozen=True)
+class Scenario:
+    """A provider, whether it has an outage, and whether the governed contender
+    declares the provider's quota (`rpm`) or learns it from the headers."""
+
+    limiter: str = "bucket"  # the simulator's rate_limiter: "bucket" or "window"
+    headers: str = "openai"  # the simulator's ratelimit_headers
+    outage: bool = False
+    declared: bool = True
+    everyone: bool = True  # every contender runs it, else polygate_celery alone
+    about: str = ""
+
+
+SCENARIOS = {
+    "steady": Scenario(about="token-bucket provider, rpm declared"),
+    "outage": Scenario(outage=True, about="the same with a total outage"),
+    "undeclared": Scenario(
+        declared=False, everyone=False, about="no rpm declared: learned from OpenAI-style headers"
+    ),
+    "undeclared-anthropic": Scenario(
+        headers="anthropic",
+        declared=False,
+        everyone=False,
+        about="no rpm declared: learned from Anthropic-style headers",
+    ),
+    "window": Scenario(
+        limiter="window",
+        everyone=False,
+        about="a provider that counts in 60 s windows, rpm declared, default counting",
+    ),
+}
+
+
+@dataclass(frozen=True)
 class Workload:
     tasks: int = 300
     workers: int = 2
@@ -87,20 +126,26 @@ class Workload:
     def admitted_needed(self) -> int:
         return math.ceil(self.tasks / (1.0 - self.error_rate))
 
-    def ideal_s(self, outage: bool) -> float:
-        windows = (self.admitted_needed - 1) // self.rpm
-        return windows * 60.0 + self.latency_s + (self.outage_s if outage else 0.0)
+    def ideal_s(self, scenario: Scenario) -> float:
+        admitted = self.admitted_needed
+        if scenario.limiter == "bucket":
+            start = max(0, admitted - self.rpm) * 60.0 / self.rpm
+        else:
+            start = (admitted - 1) // self.rpm * 60.0
+        return start + self.latency_s + (self.outage_s if scenario.outage else 0.0)
 
     def outage_window(self) -> tuple[float, float]:
-        middle = self.ideal_s(False) / 2
+        middle = self.ideal_s(SCENARIOS["steady"]) / 2
         return (middle - self.outage_s / 2, middle + self.outage_s / 2)
 
-    def behaviour(self, outage: bool) -> ModelBehaviour:
+    def behaviour(self, scenario: Scenario) -> ModelBehaviour:
         return ModelBehaviour(
             rpm=self.rpm,
+            rate_limiter=scenario.limiter,  # type: ignore[arg-type]
+            ratelimit_headers=scenario.headers,  # type: ignore[arg-type]
             error_rates={503: self.error_rate} if self.error_rate else {},
             latency_s=(self.latency_s, self.latency_s),
-            outages=(self.outage_window(),) if outage else (),
+            outages=(self.outage_window(),) if scenario.outage else (),
             retry_after="seconds",
             api_key=KEY,
         )
@@ -157,11 +202,12 @@ class Bench:
         if self.redis.dbsize():
             raise SystemExit(f"{self.url} holds keys: give an empty database with --db")
 
-    def config(self, prefix: str, provider_url: str) -> dict[str, Any]:
-        """The governed contender's configuration: the provider's documented quota, the
-        fleet's concurrency, the others' 10 s timeout and a 30 s stall window; the
-        breaker, AIMD, budgets and backoff keep their defaults."""
-        return {
+    def config(self, prefix: str, provider_url: str, declared: bool = True) -> dict[str, Any]:
+        """The governed contender's configuration: the provider's documented quota (unless
+        it is left to be learned), the fleet's concurrency, the others' 10 s timeout and
+        a 30 s stall window; the breaker, AIMD, budgets, backoff and the rpm counting keep
+        their defaults."""
+        config: dict[str, Any] = {
             "store": {"redis_url": self.url, "key_prefix": prefix},
             "deferral": {"strategy": "park"},
             "sources": {
@@ -178,9 +224,14 @@ class Bench:
                 "chat": {"kind": "chat", "sources": ["provider"], "stall_window_s": 30.0},
             },
         }
+        if not declared:
+            del config["sources"]["provider"]["rpm"]
+        return config
 
     @contextlib.contextmanager
-    def workers(self, run_id: str, contender: str, provider_url: str) -> Iterator[str]:
+    def workers(
+        self, run_id: str, contender: str, provider_url: str, declared: bool = True
+    ) -> Iterator[str]:
         """Start the workers of one run; yields their queue once every one answers a ping."""
         queue = f"goodput-{run_id}"
         env = {
@@ -194,7 +245,7 @@ class Bench:
         }
         if contender == "polygate":
             path = self.tmp / f"{run_id}.toml"
-            path.write_text(toml(self.config(f"goodput-{run_id}", provider_url)))
+            path.write_text(toml(self.config(f"goodput-{run_id}", provider_url, declared)))
             env["POLYGATE_CONFIG"] = str(path)
         names = [f"{queue}-{n}@bench" for n in range(self.workload.workers)]
         processes = []
@@ -235,16 +286,16 @@ class Bench:
 # -- one run --------------------------------------------------------------------------------------
 
 
-def run_one(bench: Bench, contender: str, outage: bool, deadline_s: float) -> Run:
+def run_one(bench: Bench, contender: str, scenario: str, deadline_s: float) -> Run:
     workload = bench.workload
-    scenario = "outage" if outage else "steady"
+    chosen = SCENARIOS[scenario]
     run_id = f"{contender}-{scenario}-{uuid.uuid4().hex[:6]}"
     port = embedded.free_port()
     provider_url = f"http://127.0.0.1:{port}/v1"
     run = Run(contender, scenario, workload.tasks)
-    with bench.workers(run_id, contender, provider_url) as queue:
+    with bench.workers(run_id, contender, provider_url, chosen.declared) as queue:
         provider = SimulatedProvider(
-            {MODEL: workload.behaviour(outage)}, port=port, seed=workload.seed
+            {MODEL: workload.behaviour(chosen)}, port=port, seed=workload.seed
         )
         with provider:
             origin = time.time()  # the provider's clock starts with it: outages are relative to it
@@ -324,8 +375,9 @@ def ratio(value: float | None, reference: float | None) -> str:
     return f"{value / reference:.2f}"
 
 
-def targets(run: Run, workload: Workload, outage: bool) -> list[tuple[str, bool]]:
-    limit = 1.1 * workload.ideal_s(False) + (workload.outage_s if outage else 0.0)
+def targets(run: Run, workload: Workload, scenario: Scenario) -> list[tuple[str, bool]]:
+    steady = Scenario(limiter=scenario.limiter)
+    limit = 1.1 * workload.ideal_s(steady) + (workload.outage_s if scenario.outage else 0.0)
     return [
         ("0 failed", run.failed == 0),
         ("0 lost", run.lost == 0),
@@ -336,6 +388,7 @@ def targets(run: Run, workload: Workload, outage: bool) -> list[tuple[str, bool]
 
 def report(runs: list[Run], workload: Workload, plots: dict[str, str], settings: str) -> str:
     start, end = workload.outage_window()
+    bucket, window = SCENARIOS["steady"], SCENARIOS["window"]
     lines = [
         "# Goodput under a provider quota: four ways to call a model from Celery",
         "",
@@ -347,40 +400,46 @@ def report(runs: list[Run], workload: Workload, plots: dict[str, str], settings:
         f"- {workload.tasks} chat tasks sent at once to {workload.workers} `celery worker` "
         f"processes x {workload.threads} threads "
         f"({workload.workers * workload.threads} in flight), Redis broker and result backend.",
-        f"- Simulated provider: RPM quota {workload.rpm} for the key (60 s sliding window, "
-        f"truthful Retry-After on each 429), {workload.error_rate:.0%} of admitted requests "
-        f"answered 503, {workload.latency_s * 1000:.0f} ms per answer, seed {workload.seed}.",
+        f"- Simulated provider, modelled on real ones: RPM quota {workload.rpm} for the key as "
+        "a token bucket refilled continuously, rate-limit headers on every answer "
+        "(OpenAI's style unless the scenario says otherwise), truthful Retry-After on each "
+        f"429, {workload.error_rate:.0%} of admitted requests answered 503, "
+        f"{workload.latency_s * 1000:.0f} ms per answer, seed {workload.seed}.",
         f"- Scenario `outage`: the same, plus a {workload.outage_s:g} s total outage "
         f"(every request answered 503 at once) from {start:.1f} s to {end:.1f} s.",
+        "- Scenarios `undeclared` and `undeclared-anthropic` (polygate_celery alone): no rpm "
+        "in its configuration, the quota learned from the provider's headers. Scenario "
+        "`window` (polygate_celery alone): a provider that counts its quota in 60 s windows.",
         f"- Provider capacity C = {workload.rpm} / 60 s = {workload.capacity:.1f} requests/s.",
-        "- Ideal finish: the k-th admitted request (k = 0, 1, …) cannot start before "
-        "⌊k / Q⌋ x 60 s, failed answers are charged too, so N tasks need "
-        f"A = ⌈N / (1 - p)⌉ = {workload.admitted_needed} admitted requests and "
-        f"T = ⌊(A - 1) / Q⌋ x 60 s + L = **{workload.ideal_s(False):.1f} s**; with the outage "
-        f"T + D = **{workload.ideal_s(True):.1f} s**.",
-        "- Goodput = completed tasks per second ÷ C. The window starts full, so the ideal "
-        f"run's goodput is {workload.tasks / workload.ideal_s(False) / workload.capacity:.2f}.",
+        "- Ideal finish: failed answers are charged too, so N tasks need "
+        f"A = ⌈N / (1 - p)⌉ = {workload.admitted_needed} admitted requests. A bucket of Q "
+        "starts full and refills one request every 60 / Q s: T = max(0, A - Q) x 60 / Q s + L "
+        f"= **{workload.ideal_s(bucket):.1f} s**; with the outage T + D = "
+        f"**{workload.ideal_s(SCENARIOS['outage']):.1f} s**. A 60 s window: "
+        f"T = ⌊(A - 1) / Q⌋ x 60 s + L = **{workload.ideal_s(window):.1f} s**.",
+        "- Goodput = completed tasks per second ÷ C.",
         "- Worker-s waiting = worker-seconds inside task executions minus request-seconds "
         "the provider spent serving (sampled every 0.1 s): time spent blocked or sleeping.",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, Celery {celery.__version__}.",
         "",
-        "The governed contender's configuration (every other setting at its default):",
+        "The governed contender's configuration (every other setting at its default; the "
+        "`undeclared` scenarios drop `rpm`):",
         "",
         "```toml",
         settings.strip(),
         "```",
     ]
-    for scenario in ("steady", "outage"):
+    for scenario, chosen_scenario in SCENARIOS.items():
         chosen = [r for r in runs if r.scenario == scenario]
         if not chosen:
             continue
-        outage = scenario == "outage"
+        ideal = workload.ideal_s(chosen_scenario)
         governed = next((r for r in chosen if r.contender == "polygate"), None)
         lines += [
             "",
-            f"## Scenario `{scenario}` (ideal finish {workload.ideal_s(outage):.1f} s)",
+            f"## Scenario `{scenario}`: {chosen_scenario.about} (ideal finish {ideal:.1f} s)",
             "",
         ]
         lines += [
@@ -396,7 +455,7 @@ def report(runs: list[Run], workload: Workload, plots: dict[str, str], settings:
                 f"| {fmt(r.goodput(workload.capacity), 2)} | {r.waiting_s:.0f} | {r.executions} "
                 f"| {r.deferrals if polygate else '—'} | {r.stalled if polygate else '—'} |"
             )
-        if governed is not None:
+        if governed is not None and len(chosen) > 1:
             lines += ["", "Each contender against polygate_celery (contender ÷ polygate):", ""]
             lines += [
                 "| contender | attempts | 429s | finish | goodput | worker-s waiting |",
@@ -412,8 +471,9 @@ def report(runs: list[Run], workload: Workload, plots: dict[str, str], settings:
                     f"| {ratio(r.goodput(workload.capacity), governed.goodput(workload.capacity))} "
                     f"| {ratio(r.waiting_s, governed.waiting_s)} |"
                 )
+        if governed is not None:
             lines += ["", "Targets for polygate_celery:", ""]
-            for name, met in targets(governed, workload, outage):
+            for name, met in targets(governed, workload, chosen_scenario):
                 lines.append(f"- {name}: **{'PASS' if met else 'MISSED'}**")
         failures = [(r, r.failures) for r in chosen if r.failures]
         if failures:
@@ -439,8 +499,9 @@ def plot(runs: list[Run], workload: Workload, scenario: str, path: Path) -> bool
     chosen = [r for r in runs if r.scenario == scenario]
     if not chosen:
         return False
-    outage = scenario == "outage"
-    end = max([workload.ideal_s(outage)] + [r.in_flight[-1][0] for r in chosen if r.in_flight])
+    outage = SCENARIOS[scenario].outage
+    ideal = workload.ideal_s(SCENARIOS[scenario])
+    end = max([ideal] + [r.in_flight[-1][0] for r in chosen if r.in_flight])
     figure, axes = plt.subplots(
         3, len(chosen), figsize=(4 * len(chosen), 8), sharex=True, sharey="row", squeeze=False
     )
@@ -450,7 +511,7 @@ def plot(runs: list[Run], workload: Workload, scenario: str, path: Path) -> bool
         times = [0.0, *run.done_at]
         top.step(times, range(len(times)), where="post", color="tab:blue")
         top.axhline(workload.tasks, color="grey", linewidth=0.5)
-        top.axvline(workload.ideal_s(outage), color="tab:green", linestyle="--", linewidth=0.8)
+        top.axvline(ideal, color="tab:green", linestyle="--", linewidth=0.8)
         seconds = int(end) + 1
         per_second = [0] * seconds
         for at in run.rejected_at:
@@ -489,9 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--contenders", nargs="+", choices=list(CONTENDERS), default=list(CONTENDERS)
     )
-    parser.add_argument(
-        "--scenarios", nargs="+", choices=["steady", "outage"], default=["steady", "outage"]
-    )
+    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     parser.add_argument("--plots", type=Path, default=ROOT / "benchmarks" / "results")
     for name in ("tasks", "workers", "threads", "rpm", "seed"):
@@ -511,11 +570,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.check_empty()
         try:
             for scenario in args.scenarios:
-                outage = scenario == "outage"
-                deadline = 3 * workload.ideal_s(outage) + 60
-                for contender in args.contenders:
+                deadline = 3 * workload.ideal_s(SCENARIOS[scenario]) + 60
+                contenders = args.contenders if SCENARIOS[scenario].everyone else ["polygate"]
+                for contender in contenders:
                     log(f"{scenario}: {contender} …")
-                    run = run_one(bench, contender, outage, deadline)
+                    run = run_one(bench, contender, scenario, deadline)
                     log(
                         f"{scenario}: {contender}: {run.completed} completed, {run.failed} failed, "
                         f"{run.lost} lost, {run.attempts} attempts, {run.rate_limited} 429s, "

@@ -25,6 +25,7 @@ from polygate_celery.cli.status_report import (
 )
 from polygate_celery.cli.tables import amount, duration, table
 from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.store.base import SourceSnapshot
 from polygate_celery.store.redis import RedisStore
 
 DEFAULT_WATCH_S = 2.0
@@ -137,17 +138,23 @@ def _sources_table(scopes: tuple[ScopeReading, ...]) -> str:
                     state.breaker,
                     str(state.breaker_failures),
                     duration(state.paused_for_s) if state.paused_for_s > 0 else "-",
-                    _quota_use(source),
+                    _quota_use(source, state),
                 ]
             )
     headers = ["SCOPE", "SOURCE", "IN USE", "LIMIT", "CAP", "BREAKER", "FAILS", "PAUSED", "QUOTA"]
     return table(headers, rows, numeric={2, 3, 4, 6})
 
 
-def _quota_use(source: SourceReading) -> str:
+def _quota_use(source: SourceReading, state: SourceSnapshot) -> str:
+    announced = [
+        f"{amount(limit)} {label}"
+        for label, limit in (("rpm", state.learned_rpm), ("tpm", state.learned_tpm))
+        if limit is not None
+    ]
+    learned = f"announced {', '.join(announced)}" if announced else ""
     use = source.quota
     if use is None:
-        return "-"
+        return learned or "-"
     parts = []
     for label, used, limit in (
         ("rpm", use.requests_used, source.rpm),
@@ -157,7 +164,7 @@ def _quota_use(source: SourceReading) -> str:
             parts.append(f"{label} {amount(used)}/{amount(limit)} {100 * used / limit:.0f}%")
     shared = use.name.removeprefix("shared:")
     where = f" ({shared})" if shared != use.name else ""
-    return ", ".join(parts) + where
+    return ", ".join(parts) + where + (f"; {learned}" if learned else "")
 
 
 def _lots_table(reading: StatusReading) -> str:

@@ -37,13 +37,14 @@ NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 def _check_window(window: RpmWindow, rpm: int | None, remedy: str) -> None:
     """A window other than the default must have an rpm of its own to count."""
-    if window != "sliding" and rpm is None:
+    if window != "bucket" and rpm is None:
         raise ValueError(f"rpm_window applies to rpm: {remedy}")
 
 
 RPM_WINDOW_HELP = (
-    "how rpm is counted: sliding (at most rpm in any minute: never more than a provider "
-    "allows) or bucket (a minute's worth at once, then evenly: for token-bucket providers)"
+    "how rpm is counted: bucket (a minute's worth at once, then evenly, as providers that "
+    "refill continuously count) or sliding (at most rpm in any minute: for a provider "
+    "that counts in fixed windows)"
 )
 
 
@@ -111,7 +112,7 @@ class SourceConfig(SourceSettings):
     api_key_file: Path | None = Field(None, description="file holding it (e.g. a mounted secret)")
     rpm: int | None = Field(None, ge=1, description="requests per minute (a private quota)")
     tpm: int | None = Field(None, ge=1, description="tokens per minute (a private quota)")
-    rpm_window: RpmWindow = Field("sliding", description=RPM_WINDOW_HELP)
+    rpm_window: RpmWindow = Field("bucket", description=RPM_WINDOW_HELP)
     quota: Name | None = Field(None, description="name of a shared quota in [quotas]")
     _key: SecretStr | None = PrivateAttr(None)
 
@@ -168,7 +169,7 @@ class QuotaConfig(_Strict):
 
     rpm: int | None = Field(None, ge=1, description="requests per minute")
     tpm: int | None = Field(None, ge=1, description="tokens per minute")
-    rpm_window: RpmWindow = Field("sliding", description=RPM_WINDOW_HELP)
+    rpm_window: RpmWindow = Field("bucket", description=RPM_WINDOW_HELP)
 
     @model_validator(mode="after")
     def _window_needs_rpm(self) -> Self:

@@ -1,18 +1,26 @@
 """Decision core: RPM/TPM quotas over a 60 s period, as a sliding window or a bucket.
 
-**Sliding window** (requests, the default): at most `limit` admissions in any
-window of one period (plus `WINDOW_MARGIN_S`), kept as a log of admission
-times. It never exceeds what a provider allows, whether the provider counts in
-sliding windows, fixed windows or a token bucket of the same size.
-
-**Bucket** (a generic cell rate algorithm, GCRA; tokens always): one
-"theoretical arrival time" (TAT) per dimension. A request of cost ``c`` moves
+**Bucket** (a generic cell rate algorithm, GCRA; requests by default, tokens
+always): one "theoretical arrival time" (TAT) per dimension. A request of cost ``c`` moves
 the TAT by ``c * 60 / limit``; it conforms while the TAT stays within one period
 of now, so a full minute's allowance may be spent at once after an idle minute,
 then refills evenly. That matches a provider's token bucket; against a provider
 that counts in windows, the evenly refilled requests after a burst are refused.
 Tokens are reserved from an estimate before the attempt and settled with the
-real usage after (a refund moves the TAT back).
+real usage after (a refund moves the TAT back). Real providers refill
+continuously (Anthropic documents a token bucket; OpenAI replenishes
+continuously), hence the default.
+
+**Sliding window** (requests, ``rpm_window = "sliding"``): at most `limit`
+admissions in any window of one period (plus `WINDOW_MARGIN_S`), kept as a log
+of admission times. It never exceeds what a provider allows, whether the
+provider counts in sliding windows, fixed windows or a token bucket of the same
+size, at the price of throughput against a bucket.
+
+**Learned** (from the provider's rate-limit headers, `learned_tat`): a source
+whose answers announce a limit and what remains of it gets a bucket of that
+limit, charged on each admission like a declared one and moved forward by each
+announcement, fleet-wide. It holds beside any declared quota.
 """
 
 from __future__ import annotations
@@ -74,6 +82,18 @@ def gcra_settle(tat: float, reserved: float, used: float, limit: int) -> float:
     """
     cap = float(limit)
     return gcra_adjust(tat, min(max(used, 0.0), cap) - min(max(reserved, 0.0), cap), limit)
+
+
+def learned_tat(tat: float, now: float, limit: int, remaining: int) -> float:
+    """The bucket's TAT once the provider announced `remaining` of `limit` left, now.
+
+    Read as a bucket: ``limit - remaining`` spent, refilling evenly over a period.
+    Never earlier than the fleet's own count: the announcement may be older than
+    admissions made since, and it may only add what the fleet did not count
+    (other users of the key, requests the provider counted and the fleet did not).
+    """
+    spent = limit - min(max(remaining, 0), limit)
+    return max(tat, now + spent * PERIOD_S / limit)
 
 
 def gcra_spent(tat: float, now: float, limit: int) -> float:

@@ -40,7 +40,7 @@ class QuotaTerms:
     name: str
     rpm: int | None = None
     tpm: int | None = None
-    rpm_window: RpmWindow = "sliding"
+    rpm_window: RpmWindow = "bucket"
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ class Gateway:
         self.config = config
         self.clock = clock or SystemClock()
         self.store = store if store is not None else MemoryStore(self.clock)
+        self._owns_sources = sources is None
         if sources is None:
             sources = sources_from_config(config)
         used = {name for scope in config.scopes.values() for name in scope.sources}
@@ -139,8 +140,14 @@ class Gateway:
         )
 
     async def aclose(self) -> None:
-        """Stop renewing leases (call after the last call has ended)."""
+        """Stop renewing leases and close the clients of the sources built from the
+        configuration on this event loop (call after the last call has ended)."""
         await self._runtime.leases.aclose()
+        if self._owns_sources:
+            for source in self._runtime.sources.values():
+                close = getattr(source, "aclose", None)
+                if close is not None:
+                    await close()
 
     async def snapshot(self, scope: str) -> list[SourceSnapshot]:
         """The governance state of each source of `scope`."""

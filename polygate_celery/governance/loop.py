@@ -424,6 +424,7 @@ class GovernedCall:
             else None,
             est_tokens=self.est_tokens,
             used_tokens=used,
+            limits=outcome.limits,
         )
         if effect is Effect.AUTH_FAILURE:
             self._alert_credentials(grant.source)

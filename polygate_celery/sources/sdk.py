@@ -94,6 +94,14 @@ class OpenAISDKSource(OpenAIStyleSource):
             return client
         return found[1]
 
+    async def aclose(self) -> None:
+        """Close the client made for this event loop (a client given is the giver's)."""
+        if self._factory is None:
+            return
+        found = self._clients.pop(id(asyncio.get_running_loop()), None)
+        if found is not None:
+            await found[1].close()
+
     @property
     def _secrets(self) -> tuple[str, ...]:
         return (self._secret.get_secret_value(),) if self._secret is not None else ()

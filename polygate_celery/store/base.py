@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Literal, Protocol, Self, runtime_checkable
 
 from polygate_celery.core.breaker import BreakerMode, Effect
+from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 
 BlockReason = Literal["paused", "breaker_open", "probe_in_flight", "at_capacity", "quota"]
@@ -79,7 +80,8 @@ class Settlement:
     or a timeout); a SUCCESS also increases the AIMD limit and marks the scope's
     progress. `pause_s` pauses the source fleet-wide (a later pause is kept).
     `used_tokens` is charged in place of the `est_tokens` reserved at admission
-    (0 refunds the estimate).
+    (0 refunds the estimate). `limits`, the provider's own rate-limit headers,
+    teach the source's learned quota (`core.quota.learned_tat`).
     """
 
     scope: str
@@ -91,6 +93,7 @@ class Settlement:
     pause_s: float | None = None
     est_tokens: int = 0
     used_tokens: int = 0
+    limits: RateLimits | None = None
 
 
 class ReleaseWatch(Protocol):
@@ -120,6 +123,8 @@ class SourceSnapshot:
     breaker: BreakerMode
     breaker_failures: int
     paused_for_s: float
+    learned_rpm: int | None = None  # the limits the provider announced, once it has
+    learned_tpm: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +157,8 @@ class Store(Protocol):
         """Release the permit and record the attempt; False if it was no longer held.
 
         For a permit no longer held (settled already, or reclaimed after its
-        lease expired) only the facts safe to record twice are kept: the pause
-        and the scope's progress.
+        lease expired) only the facts safe to record twice are kept: the pause,
+        the scope's progress and the provider's announced limits.
         """
         ...
 

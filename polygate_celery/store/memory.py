@@ -28,12 +28,14 @@ from polygate_celery.core.breaker import (
     breaker_reopens_at,
     breaker_settle,
 )
+from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import (
     WINDOW_S,
     gcra_charge,
     gcra_reserve,
     gcra_settle,
     gcra_spent,
+    learned_tat,
     requests_spent,
     window_wait,
 )
@@ -58,6 +60,29 @@ class _SourceState:
     breaker: BreakerState = field(default_factory=BreakerState)
     permits: set[str] = field(default_factory=set)
     paused_until: float = -math.inf
+    learned: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """The provider's announced limits: "req" (rpm), "tok" (tpm) -> (limit, TAT)."""
+
+    def learned_check(self, now: float, est_tokens: int) -> dict[str, float] | float:
+        """New learned TATs if the announced limits admit, else seconds until they may."""
+        tats: dict[str, float] = {}
+        waits: list[float] = []
+        for dimension, cost in (("req", 1), ("tok", est_tokens)):
+            if dimension in self.learned and cost > 0:
+                limit, tat = self.learned[dimension]
+                tats[dimension], wait = gcra_reserve(tat, now, cost, limit)
+                if wait is not None:
+                    waits.append(wait)
+        return max(waits) if waits else tats
+
+    def learn(self, now: float, limits: RateLimits) -> None:
+        for dimension, limit, remaining in (
+            ("req", limits.requests_limit, limits.requests_remaining),
+            ("tok", limits.tokens_limit, limits.tokens_remaining),
+        ):
+            if limit is not None and limit > 0 and remaining is not None:
+                _, tat = self.learned.get(dimension, (limit, -math.inf))
+                self.learned[dimension] = (limit, learned_tat(tat, now, limit, remaining))
 
 
 @dataclass
@@ -164,6 +189,10 @@ class MemoryStore:
                 if isinstance(quota, float):
                     reasons.append("quota")
                     known.append(quota)
+            learned = state.learned_check(now, request.est_tokens)
+            if isinstance(learned, float):
+                reasons.append("quota")
+                known.append(learned)
             if reasons:
                 blocked.append((terms.name, reasons[0]))
                 if known and len(known) == len(reasons):
@@ -172,6 +201,9 @@ class MemoryStore:
             assert breaker is not None
             state.breaker = breaker
             state.permits.add(request.permit_id)
+            assert isinstance(learned, dict)
+            for dimension, tat in learned.items():
+                state.learned[dimension] = (state.learned[dimension][0], tat)
             if terms.quota is not None and isinstance(quota, tuple):
                 quota_state = self._quotas[terms.quota.name]
                 quota_state.request_tat, quota_state.token_tat = quota
@@ -188,6 +220,8 @@ class MemoryStore:
         # the breaker, AIMD and tokens belong to the permit's own accounting.
         if settlement.pause_s is not None and settlement.pause_s > 0:
             state.paused_until = max(state.paused_until, now + settlement.pause_s)
+        if settlement.limits is not None:
+            state.learn(now, settlement.limits)
         if settlement.effect is Effect.SUCCESS:
             self._progress[settlement.scope] = now
             self._gates.pop(settlement.scope, None)  # the scope is alive: open its gate
@@ -202,6 +236,12 @@ class MemoryStore:
             state.aimd = aimd_on_success(state.aimd, terms.aimd, terms.max_concurrency)
         elif settlement.congested:
             state.aimd = aimd_on_congestion(state.aimd, terms.aimd, settlement.admitted_at, now)
+        if "tok" in state.learned and settlement.est_tokens > 0:
+            limit, tat = state.learned["tok"]
+            state.learned["tok"] = (
+                limit,
+                gcra_settle(tat, settlement.est_tokens, settlement.used_tokens, limit),
+            )
         quota = terms.quota
         if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
             quota_state = self._quotas.setdefault(quota.name, _QuotaState())
@@ -278,4 +318,6 @@ class MemoryStore:
             breaker=state.breaker.mode,
             breaker_failures=state.breaker.failures,
             paused_for_s=max(0.0, state.paused_until - self._clock.now()),
+            learned_rpm=state.learned["req"][0] if "req" in state.learned else None,
+            learned_tpm=state.learned["tok"][0] if "tok" in state.learned else None,
         )

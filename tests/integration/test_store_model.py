@@ -1,9 +1,11 @@
-"""Model-based test: breaker, permits and pauses of the Redis store against a simple model.
+"""Model-based test: breaker, permits, pauses and learned quotas of the Redis store
+against a simple model.
 
 Hypothesis drives random sequences of admissions, settlements (success,
-transient failure, neutral, rejected credentials), pauses and clock moves
-against a real Redis, and checks every answer and every snapshot against a
-dozen-line reference model written from the specification, not from the code.
+transient failure, neutral, rejected credentials; some announcing the provider's
+rate limits), pauses and clock moves against a real Redis, and checks every
+answer and every snapshot against a short reference model written from the
+specification, not from the code.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.terms import BreakerTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.store.redis import RedisStore
@@ -51,6 +54,8 @@ class Model:
     open_until: float = 0.0
     probe: str | None = None
     paused_until: float = 0.0
+    learned_rpm: int | None = None  # the limit the provider announced; its bucket's TAT
+    learned_tat: float = -1e300
 
     def admit(self, permit: str) -> bool:
         if self.now < self.paused_until or len(self.held) >= CAP:
@@ -60,10 +65,21 @@ class Model:
         )
         if self.mode != "closed" and not takes_probe:
             return False
+        if self.learned_rpm is not None:  # one request of a bucket of learned_rpm a minute
+            tat = max(self.learned_tat, self.now) + 60.0 / self.learned_rpm
+            if tat - 60.0 > self.now:
+                return False
+            self.learned_tat = tat
         self.held.add(permit)
         if takes_probe:
             self.mode, self.probe = "half_open", permit
         return True
+
+    def announce(self, limit: int, remaining: int) -> None:
+        """Limit minus remaining counts as spent, never less than already counted."""
+        spent = limit - min(max(remaining, 0), limit)
+        self.learned_rpm = limit
+        self.learned_tat = max(self.learned_tat, self.now + spent * 60.0 / limit)
 
     def settle(self, permit: str, effect: Effect) -> None:
         self.held.discard(permit)
@@ -121,12 +137,20 @@ class StoreMachine(RuleBasedStateMachine):
         effect=st.sampled_from(
             [Effect.SUCCESS, Effect.FAILURE, Effect.NEUTRAL, Effect.AUTH_FAILURE]
         ),
+        announced=st.none() | st.tuples(st.sampled_from([1, 2, 4, 60]), st.integers(-1, 61)),
     )
-    def settle(self, data: st.DataObject, effect: Effect) -> None:
+    def settle(
+        self, data: st.DataObject, effect: Effect, announced: tuple[int, int] | None
+    ) -> None:
         permit = data.draw(st.sampled_from(sorted(self.held)))
         grant = self.held.pop(permit)
-        settlement = Settlement("s", TERMS, permit, grant.admitted_at, effect)
+        limits = None
+        if announced is not None:
+            limits = RateLimits(requests_limit=announced[0], requests_remaining=announced[1])
+        settlement = Settlement("s", TERMS, permit, grant.admitted_at, effect, limits=limits)
         self.run(self.store.settle(settlement))
+        if announced is not None:
+            self.model.announce(*announced)
         self.model.settle(permit, effect)
 
     @rule(seconds=st.sampled_from([1.0, 3.0, 10.0, 30.0]))
@@ -147,6 +171,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert snapshot.permits_in_use == len(model.held) <= CAP
         assert snapshot.breaker == model.mode, (snapshot, model)
         assert abs(snapshot.paused_for_s - max(0.0, model.paused_until - model.now)) < 1e-6
+        assert snapshot.learned_rpm == model.learned_rpm
 
     def teardown(self) -> None:
         async def clean() -> None:
@@ -159,7 +184,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.loop.close()
 
 
-def test_breaker_permits_and_pauses_follow_the_model(redis_url: str) -> None:
+def test_breaker_permits_pauses_and_learned_quotas_follow_the_model(redis_url: str) -> None:
     StoreMachine.redis_url = redis_url
     run_state_machine_as_test(
         StoreMachine,

@@ -7,7 +7,9 @@ the old one::
 
     {p}:v1:src:<source>:permits     ZSET    permit id -> lease expiry (store time, s)
     {p}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
-                                            AIMD (limit, last_decrease), paused_until
+                                            AIMD (limit, last_decrease), paused_until,
+                                            learned quota (lrpm lreq ltpm ltok: the
+                                            provider's announced limits, GCRA times)
     {p}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)
     {p}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
                                             window (at most rpm members, TTL one window)

@@ -31,6 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
+from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.errors import GovernanceBackendError
@@ -59,6 +60,20 @@ _REPLY_ERRORS = (ValueError, TypeError, IndexError, KeyError)
 
 def _fmt(x: float) -> str:
     return repr(float(x))
+
+
+def _announced(limits: RateLimits | None) -> str:
+    """The provider's announced limits as settle.lua reads them (a limit of 0: none)."""
+
+    def pair(limit: int | None, remaining: int | None) -> str:
+        return "0 0" if not limit or limit <= 0 or remaining is None else f"{limit} {remaining}"
+
+    if limits is None:
+        return "0 0 0 0"
+    return (
+        f"{pair(limits.requests_limit, limits.requests_remaining)} "
+        f"{pair(limits.tokens_limit, limits.tokens_remaining)}"
+    )
 
 
 def redis_client(
@@ -199,6 +214,7 @@ class RedisStore:
             encoded.settle_terms,
             self.keys.released,
             encoded.release_message,
+            _announced(settlement.limits),
         ]
         keys = [
             *encoded.admit_keys[:3],  # permits, state, quota (not the log: a send is a send)
@@ -289,7 +305,7 @@ class RedisStore:
         ]
         reply = await self._run("source", keys, args)
         try:
-            live, limit, mode, failures, paused_for = reply
+            live, limit, mode, failures, paused_for, learned_rpm, learned_tpm = reply
             return SourceSnapshot(
                 name=source.name,
                 permits_in_use=int(live),
@@ -297,6 +313,8 @@ class RedisStore:
                 breaker=mode,
                 breaker_failures=int(failures),
                 paused_for_s=float(paused_for),
+                learned_rpm=int(learned_rpm) or None,
+                learned_tpm=int(learned_tpm) or None,
             )
         except _REPLY_ERRORS as exc:
             raise GovernanceBackendError(f"snapshot: unexpected reply {reply!r}") from exc

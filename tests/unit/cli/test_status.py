@@ -9,6 +9,7 @@ import pytest
 from polygate_celery.cli import status
 from polygate_celery.cli.redaction import redis_address
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Grant, Settlement
 from polygate_celery.store.redis import RedisStore
@@ -79,6 +80,21 @@ def test_quota_use_is_what_the_minute_has_spent(cli: Cli, fleet: Fleet) -> None:
     assert 0 <= int(found[1]) <= 6  # 600 rpm refills ten a second
     assert 25 <= float(found[2]) <= 30  # 30k tokens reserved, refilling 1.7k a second
     assert 25 <= int(found[3]) <= 30
+
+
+def test_status_shows_the_limits_a_provider_announced(cli: Cli, fleet: Fleet) -> None:
+    async def announce(store: RedisStore) -> None:
+        grant = await store.admit(AdmitRequest("summarise", (VLLM,), "answered"))
+        assert isinstance(grant, Grant)
+        limits = RateLimits(requests_limit=120, requests_remaining=100, tokens_limit=40_000)
+        settled = Settlement(
+            "summarise", VLLM, "answered", grant.admitted_at, Effect.SUCCESS, limits=limits
+        )
+        await store.settle(settled)
+
+    fleet.run(announce)
+    out = cli("status", "--config", fleet.path).out
+    assert row(out, "summarise", "vllm")[8] == "announced 120 rpm"  # tokens: no remaining
 
 
 def test_the_parked_backlog_counts_entries_those_due_and_dead_letters(

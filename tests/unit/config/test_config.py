@@ -296,16 +296,16 @@ def test_private_and_shared_quota_are_exclusive() -> None:
     assert field_of(data) == "sources.a"
 
 
-def test_the_rpm_window_is_sliding_unless_a_bucket_is_asked_for() -> None:
+def test_the_rpm_window_is_a_bucket_unless_a_sliding_window_is_asked_for() -> None:
     data = one_scope({"a": {"rpm": 5}, "b": {"quota": "key"}, "c": {"rpm": 5}})
-    data["quotas"] = {"key": {"rpm": 10, "rpm_window": "bucket"}}
-    data["sources"]["c"]["rpm_window"] = "bucket"
+    data["quotas"] = {"key": {"rpm": 10, "rpm_window": "sliding"}}
+    data["sources"]["c"]["rpm_window"] = "sliding"
     config = parse_config(data)
     windows = {name: source_terms(config, name).quota for name in ("a", "b", "c")}
     assert {name: q.rpm_window for name, q in windows.items() if q} == {
-        "a": "sliding",
-        "b": "bucket",
-        "c": "bucket",
+        "a": "bucket",
+        "b": "sliding",
+        "c": "sliding",
     }
     assert field_of({"quotas": {"key": {"rpm": 10, "rpm_window": "fixed"}}}) == (
         "quotas.key.rpm_window"
@@ -314,11 +314,11 @@ def test_the_rpm_window_is_sliding_unless_a_bucket_is_asked_for() -> None:
 
 def test_an_rpm_window_without_its_own_rpm_is_refused() -> None:
     shared = {"quotas": {"key": {"rpm": 10}}}
-    assert field_of({**shared, "sources": {"a": {"quota": "key", "rpm_window": "bucket"}}}) == (
+    assert field_of({**shared, "sources": {"a": {"quota": "key", "rpm_window": "sliding"}}}) == (
         "sources.a"
     )
-    assert field_of({"sources": {"a": {"tpm": 100, "rpm_window": "bucket"}}}) == "sources.a"
-    assert field_of({"quotas": {"key": {"tpm": 100, "rpm_window": "bucket"}}}) == "quotas.key"
+    assert field_of({"sources": {"a": {"tpm": 100, "rpm_window": "sliding"}}}) == "sources.a"
+    assert field_of({"quotas": {"key": {"tpm": 100, "rpm_window": "sliding"}}}) == "quotas.key"
 
 
 def test_max_call_s_default() -> None:

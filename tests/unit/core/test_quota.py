@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polygate_celery.core.quota import PERIOD_S, gcra_adjust, gcra_reserve
+from polygate_celery.core.quota import PERIOD_S, gcra_adjust, gcra_reserve, learned_tat
 
 
 def burst(tat: float, now: float, count: int, limit: int) -> float:
@@ -90,3 +90,17 @@ def test_adjust_charges_an_underestimate() -> None:
     assert tat == pytest.approx(160.0)
     _, wait = gcra_reserve(tat, 100.0, 1.0, limit=1000)
     assert wait == pytest.approx(0.06)
+
+
+def test_an_announcement_reads_limit_minus_remaining_as_spent() -> None:
+    assert learned_tat(-float("inf"), 100.0, 120, 90) == pytest.approx(100.0 + 30 * 0.5)
+    assert learned_tat(-float("inf"), 100.0, 120, 120) == 100.0  # full: nothing ahead
+
+
+def test_an_announcement_never_moves_the_fleets_count_back() -> None:
+    assert learned_tat(130.0, 100.0, 120, 110) == 130.0
+
+
+def test_an_out_of_range_remaining_is_clamped_to_the_limit() -> None:
+    assert learned_tat(0.0, 100.0, 60, -5) == pytest.approx(100.0 + PERIOD_S)
+    assert learned_tat(0.0, 100.0, 60, 500) == 100.0

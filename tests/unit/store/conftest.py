@@ -14,6 +14,7 @@ import itertools
 import pytest
 
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store import (
     AdmitRequest,
@@ -68,6 +69,7 @@ class Harness:
         pause_s: float | None = None,
         est_tokens: int = 0,
         used_tokens: int = 0,
+        limits: RateLimits | None = None,
     ) -> bool:
         assert grant.source == source.name
         settlement = Settlement(
@@ -80,6 +82,7 @@ class Harness:
             pause_s=pause_s,
             est_tokens=est_tokens,
             used_tokens=used_tokens,
+            limits=limits,
         )
         return await self.store.settle(settlement)
 

@@ -157,7 +157,7 @@ async def test_quota_use_counts_what_the_bucket_has_spent(h: Harness) -> None:
 
 
 async def test_quota_use_counts_the_requests_in_the_sliding_window(h: Harness) -> None:
-    quota = QuotaTerms("key", rpm=60)
+    quota = QuotaTerms("key", rpm=60, rpm_window="sliding")
     source = SourceTerms("q", 10, quota=quota)
     for _ in range(3):
         await h.grant(source)

@@ -181,7 +181,7 @@ async def test_an_initial_limit_starts_below_the_cap(h: Harness) -> None:
 
 
 async def test_sliding_rpm_admits_at_most_rpm_in_any_window(h: Harness) -> None:
-    source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=3))
+    source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=3, rpm_window="sliding"))
     for _ in range(3):
         await h.grant(source)
         h.clock.advance(10.0)
@@ -196,7 +196,7 @@ async def test_sliding_rpm_admits_at_most_rpm_in_any_window(h: Harness) -> None:
 
 
 async def test_sliding_rpm_spends_a_whole_minute_at_once_after_an_idle_one(h: Harness) -> None:
-    source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=4))
+    source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=4, rpm_window="sliding"))
     for _ in range(4):
         await h.grant(source)
     h.clock.advance(WINDOW_S)
@@ -208,7 +208,7 @@ async def test_sliding_rpm_spends_a_whole_minute_at_once_after_an_idle_one(h: Ha
 async def test_workers_counting_rpm_as_a_bucket_see_the_sliding_windows_admissions(
     h: Harness,
 ) -> None:
-    sliding = SourceTerms("new", 10, quota=QuotaTerms("key", rpm=3))
+    sliding = SourceTerms("new", 10, quota=QuotaTerms("key", rpm=3, rpm_window="sliding"))
     bucket = SourceTerms("old", 10, quota=QuotaTerms("key", rpm=3, rpm_window="bucket"))
     for _ in range(3):
         await h.grant(sliding)

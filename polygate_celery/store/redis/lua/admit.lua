@@ -4,7 +4,9 @@
 -- Key layout (every key shares the hash tag {<prefix>}, so one Cluster slot):
 --   KEYS[4i-3]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s)
 --   KEYS[4i-2]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
---                                                last_decrease paused_until
+--                                                last_decrease paused_until; learned
+--                                                quota: lrpm lreq ltpm ltok (limits
+--                                                the provider announced, GCRA times)
 --   KEYS[4i-1]  {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
 --                                                a placeholder key when the source has none
 --   KEYS[4i]    {p}:v1:quota:<group>:log   ZSET  permit id -> admission time (the RPM
@@ -90,7 +92,8 @@ for i = 1, n do
   local pkey, skey, qkey, lkey = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
 
   redis.call('ZREMRANGEBYSCORE', pkey, '-inf', fmt(now))  -- reclaim leases expired by now
-  local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until')
+  local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until',
+    'lrpm', 'lreq', 'ltpm', 'ltok')
   local mode = st[1] or 'closed'
   local open_until = tonumber(st[2] or '0')
   local probe = st[3]
@@ -147,6 +150,22 @@ for i = 1, n do
     end
   end
 
+  -- the provider's announced limits (learned at settle), beside any declared quota
+  local lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
+  local lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
+  local learned_waits = {}
+  if lrpm > 0 then
+    local w; lreq, w = gcra(lreq, now, 1, lrpm)
+    if w then learned_waits[#learned_waits + 1] = w end
+  end
+  if ltpm > 0 and est > 0 then
+    local w; ltok, w = gcra(ltok, now, est, ltpm)
+    if w then learned_waits[#learned_waits + 1] = w end
+  end
+  if #learned_waits > 0 then
+    reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(learned_waits))
+  end
+
   if #reasons > 0 then
     denial[#denial + 1] = name
     denial[#denial + 1] = reasons[1]
@@ -157,6 +176,8 @@ for i = 1, n do
   else
     if take_probe then redis.call('HSET', skey, 'mode', new_mode, 'probe', permit) end
     redis.call('ZADD', pkey, now + lease, permit)
+    if lrpm > 0 then redis.call('HSET', skey, 'lreq', fmt(lreq)) end
+    if ltpm > 0 and est > 0 then redis.call('HSET', skey, 'ltok', fmt(ltok)) end
     if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', fmt(req_tat), 'tok', fmt(tok_tat)) end
     if rpm > 0 and window > 0 then
       redis.call('ZADD', lkey, now, permit)

@@ -20,6 +20,9 @@
 --          auth_cooldown_s; cap, AIMD increase, AIMD decrease factor, AIMD initial
 --          (0: the cap); tpm (0: none); progress TTL seconds
 -- ARGV[10] release channel    ARGV[11] message published on it ("<origin> <source>")
+-- ARGV[12] the provider's announced limits, "rpm remaining tpm remaining" (a limit of
+--          0: not announced): they move the learned quota (lrpm lreq ltpm ltok in
+--          KEYS[2]) as core.quota.learned_tat does
 -- Returns  1 if the permit was held and is now released, else 0.
 -- Time: Redis TIME unless ARGV[1] is given.
 
@@ -54,6 +57,16 @@ local pause = tonumber(ARGV[5])
 if pause and pause > 0 then
   local paused_until = tonumber(redis.call('HGET', skey, 'paused_until') or '-1e300')
   redis.call('HSET', skey, 'paused_until', fmt(math.max(paused_until, now + pause)))
+end
+local announced = fields(ARGV[12])
+for i, dim in ipairs({{'lrpm', 'lreq'}, {'ltpm', 'ltok'}}) do
+  local limit, remaining = announced[2 * i - 1], announced[2 * i]
+  if limit > 0 then
+    local tat = tonumber(redis.call('HGET', skey, dim[2]) or '-1e300')
+    local spent = limit - math.min(math.max(remaining, 0), limit)
+    redis.call('HSET', skey, dim[1], fmt(limit),
+      dim[2], fmt(math.max(tat, now + spent * 60.0 / limit)))
+  end
 end
 if effect == 'success' then
   redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(ttl))
@@ -94,6 +107,13 @@ end
 redis.call('HSET', skey, 'mode', mode, 'failures', failures, 'open_until', fmt(open_until),
   'limit', fmt(limit), 'last_decrease', fmt(last_decrease))
 if probe then redis.call('HSET', skey, 'probe', probe) else redis.call('HDEL', skey, 'probe') end
+
+local ltpm = tonumber(redis.call('HGET', skey, 'ltpm') or '0')
+if ltpm > 0 and est > 0 then
+  local ltok = tonumber(redis.call('HGET', skey, 'ltok') or '-1e300')
+  local delta = math.min(math.max(used, 0), ltpm) - math.min(math.max(est, 0), ltpm)
+  redis.call('HSET', skey, 'ltok', fmt(ltok + delta * 60.0 / ltpm))
+end
 
 if tpm > 0 and est > 0 then
   local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')

@@ -9,10 +9,11 @@
 -- ARGV[3]  pause: seconds;  snapshot: cap
 -- ARGV[4]  snapshot: initial AIMD limit (0: the cap)
 -- Returns  pause, resume, reset: "0"
---          snapshot: {live permits, permit limit, mode, failures, paused_for_s}
+--          snapshot: {live permits, permit limit, mode, failures, paused_for_s,
+--          learned rpm, learned tpm (0: none announced)}
 -- resume deletes paused_until; reset deletes every field of the state hash (breaker,
 -- AIMD limit, which then starts again from its initial value, and pause) and keeps
--- the permits, whose holders settle as usual.
+-- the permits, whose holders settle as usual, and the learned quota (the provider's).
 -- Time: Redis TIME unless ARGV[1] is given.
 
 local function store_now(arg)
@@ -42,8 +43,8 @@ end
 local cap, initial = tonumber(ARGV[3]), tonumber(ARGV[4])
 if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
-local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit')
+local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit', 'lrpm', 'ltpm')
 local limit = tonumber(st[3] or initial)
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. fmt(now), '+inf')
 return {live, math.max(1, math.min(cap, math.floor(limit))), st[1] or 'closed',
-  tonumber(st[2] or '0'), fmt(math.max(0, paused_until - now))}
+  tonumber(st[2] or '0'), fmt(math.max(0, paused_until - now)), st[4] or '0', st[5] or '0'}
