@@ -83,6 +83,11 @@ class ExecutionGuard:
         """This run ended but its message goes on (Celery terminated it): the next copy runs."""
         self._end("release")
 
+    def hand_back(self) -> None:
+        """This run ended and its message went back to the broker unfinished (a retry
+        the broker did not take): the next copy runs, counted toward the cap."""
+        self._end("handback")
+
     def forget(self) -> None:
         """The run was ended in the store by another step (parking its deferral)."""
         if self.active:

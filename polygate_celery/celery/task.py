@@ -58,7 +58,10 @@ class PoisonMessage(PolygateError):
         super().__init__(task_id, redeliveries)
 
     def __str__(self) -> str:
-        return f"task {self.task_id} lost its worker more than {self.redeliveries} times"
+        return (
+            f"task {self.task_id} was redelivered more than {self.redeliveries} times "
+            "(its worker lost, or its retry not taken by the broker, each time)"
+        )
 
 
 def governed(
@@ -149,7 +152,7 @@ def _run(
         _defer(task, exc, runtime, guard)
     except Reject as exc:
         if getattr(exc, "requeue", False):  # back to the broker: the run goes on
-            quietly(guard.release)
+            quietly(guard.hand_back if getattr(exc, HANDED_BACK, False) else guard.release)
             raise
         finish_after_return(guard)
         raise
@@ -170,13 +173,17 @@ def _run(
 _returning = threading.local()
 
 
+HANDED_BACK = "polygate_handed_back"
+
+
 def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
     """Make `task.retry` hand the message back to the broker when the retry cannot be
     published, where Celery would drop it (``Reject(requeue=False)``): the run is left
     unfinished and runs again on redelivery. Installed once per task object, so it holds
     for ``self.retry()`` in the body and for ``autoretry_for`` (which calls `task.retry`
-    after the body has ended). A retry that cannot be encoded is dropped, as Celery does:
-    it would fail the same way on every redelivery."""
+    after the body has ended). Each hand-back counts toward `redelivery_cap`, so a
+    publish that fails every time ends as `PoisonMessage`, not in a loop. A retry that
+    cannot be encoded is dropped at once, as Celery does."""
     if "retry" in vars(task):
         return
     celery_retry = task.retry
@@ -194,13 +201,15 @@ def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
             guard: ExecutionGuard | None = getattr(_returning, "guard", None)
             if guard is not None:  # autoretry_for: the body has ended; leave it unfinished
                 _returning.guard = None
-                quietly(guard.release)
+                quietly(guard.hand_back)
             logger.warning(
                 "task %s: its retry could not be published (%s); handed back to the broker",
                 task.request.id,
                 type(reason).__name__,
             )
-            raise Reject(reason, requeue=True) from exc
+            handed_back = Reject(reason, requeue=True)
+            setattr(handed_back, HANDED_BACK, True)  # the body's guard counts it (`_run`)
+            raise handed_back from exc
 
     task.retry = retry  # type: ignore[method-assign]
 

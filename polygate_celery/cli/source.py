@@ -3,7 +3,9 @@
 Each acts fleet-wide on the configured Redis store, at once: every worker's
 next admission sees it. `pause` keeps a later pause already set (a provider's
 Retry-After), `resume` lifts any pause, `reset` also closes the breaker and
-puts the adaptive limit back to its initial value. Permits held stay held.
+puts the adaptive limit back to its initial value. Permits held stay held, and
+the rate limits the provider announced are kept (they are forgotten an hour
+after its last announcement).
 """
 
 from __future__ import annotations

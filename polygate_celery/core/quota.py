@@ -20,7 +20,8 @@ size, at the price of throughput against a bucket.
 **Learned** (from the provider's rate-limit headers, `learned_tat`): a source
 whose answers announce a limit and what remains of it gets a bucket of that
 limit, charged on each admission like a declared one and moved forward by each
-announcement, fleet-wide. It holds beside any declared quota.
+announcement, fleet-wide, until `LEARNED_TTL_S` passes without one. It holds
+beside any declared quota.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def gcra_settle(tat: float, reserved: float, used: float, limit: int) -> float:
     """
     cap = float(limit)
     return gcra_adjust(tat, min(max(used, 0.0), cap) - min(max(reserved, 0.0), cap), limit)
+
+
+LEARNED_TTL_S = 3600.0
+"""A learned limit is forgotten this long after the provider last announced it (a
+source moved to another provider or tier keeps no stale limit)."""
 
 
 def learned_tat(tat: float, now: float, limit: int, remaining: int) -> float:

@@ -198,7 +198,8 @@ class Store(Protocol):
         """Forget `source`'s breaker, adaptive limit and pause: it starts afresh.
 
         The limit goes back to its initial value (the terms' `initial_limit`,
-        else the cap). Permits held now stay held, and settle as usual.
+        else the cap). Permits held now stay held, and settle as usual. The
+        limits the provider announced are kept: they are the provider's.
         """
         ...
 

@@ -30,6 +30,7 @@ from polygate_celery.core.breaker import (
 )
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import (
+    LEARNED_TTL_S,
     WINDOW_S,
     gcra_charge,
     gcra_reserve,
@@ -55,34 +56,64 @@ PROGRESS_TTL_S = 3600.0
 
 
 @dataclass
-class _SourceState:
-    aimd: AimdState | None = None  # set from the source's terms on first use
-    breaker: BreakerState = field(default_factory=BreakerState)
-    permits: set[str] = field(default_factory=set)
-    paused_until: float = -math.inf
-    learned: dict[str, tuple[int, float]] = field(default_factory=dict)
-    """The provider's announced limits: "req" (rpm), "tok" (tpm) -> (limit, TAT)."""
+class _Bucket:
+    limit: int
+    tat: float
+    since: float  # learned since: a permit admitted before was not charged to it
 
-    def learned_check(self, now: float, est_tokens: int) -> dict[str, float] | float:
-        """New learned TATs if the announced limits admit, else seconds until they may."""
+
+@dataclass
+class _Learned:
+    """The limits a source's provider announced: "req" (rpm) and "tok" (tpm) buckets,
+    forgotten `LEARNED_TTL_S` after the last announcement."""
+
+    buckets: dict[str, _Bucket] = field(default_factory=dict)
+    seen: float = -math.inf
+
+    def live(self, now: float) -> dict[str, _Bucket]:
+        if now - self.seen > LEARNED_TTL_S:
+            self.buckets.clear()
+        return self.buckets
+
+    def check(self, now: float, est_tokens: int) -> dict[str, float] | float:
+        """New TATs if the announced limits admit, else seconds until they may."""
         tats: dict[str, float] = {}
         waits: list[float] = []
+        buckets = self.live(now)
         for dimension, cost in (("req", 1), ("tok", est_tokens)):
-            if dimension in self.learned and cost > 0:
-                limit, tat = self.learned[dimension]
-                tats[dimension], wait = gcra_reserve(tat, now, cost, limit)
+            if dimension in buckets and cost > 0:
+                bucket = buckets[dimension]
+                tats[dimension], wait = gcra_reserve(bucket.tat, now, cost, bucket.limit)
                 if wait is not None:
                     waits.append(wait)
         return max(waits) if waits else tats
 
+    def settle_tokens(self, now: float, admitted_at: float, est: int, used: int) -> None:
+        """Replace the estimate the bucket charged at admission by the use, if it did."""
+        bucket = self.live(now).get("tok")
+        if bucket is not None and est > 0 and admitted_at > bucket.since:
+            bucket.tat = gcra_settle(bucket.tat, est, used, bucket.limit)
+
     def learn(self, now: float, limits: RateLimits) -> None:
+        buckets = self.live(now)
         for dimension, limit, remaining in (
             ("req", limits.requests_limit, limits.requests_remaining),
             ("tok", limits.tokens_limit, limits.tokens_remaining),
         ):
             if limit is not None and limit > 0 and remaining is not None:
-                _, tat = self.learned.get(dimension, (limit, -math.inf))
-                self.learned[dimension] = (limit, learned_tat(tat, now, limit, remaining))
+                bucket = buckets.setdefault(dimension, _Bucket(limit, -math.inf, now))
+                bucket.limit = limit
+                bucket.tat = learned_tat(bucket.tat, now, limit, remaining)
+                self.seen = now
+
+
+@dataclass
+class _SourceState:
+    aimd: AimdState | None = None  # set from the source's terms on first use
+    breaker: BreakerState = field(default_factory=BreakerState)
+    permits: set[str] = field(default_factory=set)
+    paused_until: float = -math.inf
+    learned: _Learned = field(default_factory=_Learned)
 
 
 @dataclass
@@ -189,7 +220,7 @@ class MemoryStore:
                 if isinstance(quota, float):
                     reasons.append("quota")
                     known.append(quota)
-            learned = state.learned_check(now, request.est_tokens)
+            learned = state.learned.check(now, request.est_tokens)
             if isinstance(learned, float):
                 reasons.append("quota")
                 known.append(learned)
@@ -203,7 +234,7 @@ class MemoryStore:
             state.permits.add(request.permit_id)
             assert isinstance(learned, dict)
             for dimension, tat in learned.items():
-                state.learned[dimension] = (state.learned[dimension][0], tat)
+                state.learned.buckets[dimension].tat = tat
             if terms.quota is not None and isinstance(quota, tuple):
                 quota_state = self._quotas[terms.quota.name]
                 quota_state.request_tat, quota_state.token_tat = quota
@@ -220,12 +251,17 @@ class MemoryStore:
         # the breaker, AIMD and tokens belong to the permit's own accounting.
         if settlement.pause_s is not None and settlement.pause_s > 0:
             state.paused_until = max(state.paused_until, now + settlement.pause_s)
+        held = settlement.permit_id in state.permits
+        if held:  # the estimate first, then the announcement (a floor on what is spent)
+            state.learned.settle_tokens(
+                now, settlement.admitted_at, settlement.est_tokens, settlement.used_tokens
+            )
         if settlement.limits is not None:
-            state.learn(now, settlement.limits)
+            state.learned.learn(now, settlement.limits)
         if settlement.effect is Effect.SUCCESS:
             self._progress[settlement.scope] = now
             self._gates.pop(settlement.scope, None)  # the scope is alive: open its gate
-        if settlement.permit_id not in state.permits:
+        if not held:
             return False
         state.permits.discard(settlement.permit_id)
         state.breaker = breaker_settle(
@@ -236,12 +272,6 @@ class MemoryStore:
             state.aimd = aimd_on_success(state.aimd, terms.aimd, terms.max_concurrency)
         elif settlement.congested:
             state.aimd = aimd_on_congestion(state.aimd, terms.aimd, settlement.admitted_at, now)
-        if "tok" in state.learned and settlement.est_tokens > 0:
-            limit, tat = state.learned["tok"]
-            state.learned["tok"] = (
-                limit,
-                gcra_settle(tat, settlement.est_tokens, settlement.used_tokens, limit),
-            )
         quota = terms.quota
         if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
             quota_state = self._quotas.setdefault(quota.name, _QuotaState())
@@ -311,6 +341,7 @@ class MemoryStore:
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         state = self._source(source)
+        learned = state.learned.live(self._clock.now())
         return SourceSnapshot(
             name=source.name,
             permits_in_use=len(state.permits),
@@ -318,6 +349,6 @@ class MemoryStore:
             breaker=state.breaker.mode,
             breaker_failures=state.breaker.failures,
             paused_for_s=max(0.0, state.paused_until - self._clock.now()),
-            learned_rpm=state.learned["req"][0] if "req" in state.learned else None,
-            learned_tpm=state.learned["tok"][0] if "tok" in state.learned else None,
+            learned_rpm=learned["req"].limit if "req" in learned else None,
+            learned_tpm=learned["tok"].limit if "tok" in learned else None,
         )

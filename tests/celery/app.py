@@ -231,11 +231,15 @@ class RetryPublishFails(Task):  # type: ignore[misc]
     acks_late = True
 
     fault: type[Exception] = OperationalError
+    every_time = False
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         retry_of = options.get("task_id") if options.get("retries") else None
-        if retry_of and sync_redis.Redis.from_url(app.conf.broker_url).set(
-            f"retry-fault:{retry_of}", 1, nx=True
+        if retry_of and (
+            self.every_time
+            or sync_redis.Redis.from_url(app.conf.broker_url).set(
+                f"retry-fault:{retry_of}", 1, nx=True
+            )
         ):
             raise self.fault("the retry message did not reach the broker")
         return super().apply_async(args, kwargs, **options)
@@ -275,5 +279,17 @@ class RetryCannotEncode(RetryPublishFails):  # type: ignore[misc]
 @governed("chat")
 def retry_unencodable(self: Any, calls: GovernedCalls) -> str:
     """`self.retry()` whose message cannot be encoded: it would fail on every redelivery."""
+    note_run(self.request.id)
+    raise self.retry(exc=ConnectionError("the network blinked"))
+
+
+class RetryNeverPublished(RetryPublishFails):  # type: ignore[misc]
+    every_time = True
+
+
+@app.task(bind=True, base=RetryNeverPublished, max_retries=3, default_retry_delay=0.1)
+@governed("chat")
+def retry_never_published(self: Any, calls: GovernedCalls) -> str:
+    """`self.retry()` whose message the broker never takes."""
     note_run(self.request.id)
     raise self.retry(exc=ConnectionError("the network blinked"))

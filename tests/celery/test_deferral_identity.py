@@ -38,6 +38,7 @@ from tests.celery.app import (
     defer_then_autoretry,
     defer_then_exhaust,
     replaced_after_deferral,
+    retry_never_published,
     retry_unencodable,
     retry_unpublished,
     witnessed,
@@ -110,6 +111,16 @@ def test_a_retry_the_broker_did_not_take_runs_from_the_handed_back_message(
         result = task.delay()
         assert result.get(timeout=30) == "fine"
     assert runs(broker, result.id) == 3  # retry unpublished, handed back; retried; done
+
+
+def test_a_retry_the_broker_never_takes_fails_at_the_redelivery_cap(
+    governed_worker: Worker, broker: str
+) -> None:
+    with governed_worker(deferral={"redelivery_cap": 2}):
+        result = retry_never_published.delay()
+        failure = wait_for_state(result, "FAILURE", within_s=30)
+    assert type(failure).__name__ == "PoisonMessage", failure
+    assert runs(broker, result.id) == 3  # the first run, then two handed-back copies
 
 
 def test_a_retry_that_cannot_be_encoded_is_not_handed_back(

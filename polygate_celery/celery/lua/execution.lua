@@ -7,7 +7,7 @@
 -- KEYS[4]  {p}:v1:parked:<lot>        ZSET    (begin) the lot this message was released
 -- KEYS[5]  {p}:v1:parked:<lot>:msg    HASH    from: its entries "<run>" and "<run>:copy",
 --                                             kept since their release, are forgotten
--- ARGV[1]  "begin", "finish" or "release"    ARGV[2]  this run's token
+-- ARGV[1]  "begin", "finish", "release" or "handback"    ARGV[2]  this run's token
 -- ARGV[3]  run marker TTL, ms                ARGV[4]  done TTL, seconds
 -- ARGV[5]  1 if this message is a copy (redelivered by the broker, or parked as a copy)
 -- ARGV[6]  copies allowed to run           ARGV[7]  (begin) the run, "<run>"
@@ -16,14 +16,16 @@
 --          (its run died too often); finish, release: {"ok"}.
 --          finish: the outcome is final, copies are dropped; release: the run ended but
 --          its message goes on (Celery terminated it, or it was handed back): the next
---          copy runs, and is not counted as a copy of a dead run.
+--          copy runs, and is not counted as a copy of a dead run; handback: the same,
+--          but the copy counts toward the cap (a retry the broker did not take, handed
+--          back: a publish that fails every time ends as poison, not in a loop).
 -- Time: Redis's own (TTLs).
 
 local mode, token = ARGV[1], ARGV[2]
-if mode == 'finish' or mode == 'release' then
+if mode == 'finish' or mode == 'release' or mode == 'handback' then
   if mode == 'finish' then
     redis.call('SET', KEYS[2], '1', 'EX', math.ceil(tonumber(ARGV[4])))
-  else
+  elseif mode == 'release' then
     -- handed back, not lost: the copy that runs next does not count toward the cap
     redis.call('DECR', KEYS[3])
     redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[4])))

@@ -313,8 +313,8 @@ class RedisStore:
                 breaker=mode,
                 breaker_failures=int(failures),
                 paused_for_s=float(paused_for),
-                learned_rpm=int(learned_rpm) or None,
-                learned_tpm=int(learned_tpm) or None,
+                learned_rpm=int(float(learned_rpm)) or None,
+                learned_tpm=int(float(learned_tpm)) or None,
             )
         except _REPLY_ERRORS as exc:
             raise GovernanceBackendError(f"snapshot: unexpected reply {reply!r}") from exc

@@ -12,6 +12,7 @@ import pytest
 
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import RateLimits
+from polygate_celery.core.quota import LEARNED_TTL_S
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from tests.unit.store.conftest import Harness
 
@@ -80,6 +81,7 @@ async def test_the_lower_of_a_declared_and_an_announced_limit_holds(h: Harness) 
 
 async def test_announced_tokens_hold_the_estimate_and_settle_with_the_use(h: Harness) -> None:
     await announce(h, RateLimits(tokens_limit=1000, tokens_remaining=400))
+    h.clock.advance(1.0)  # about 17 tokens refill
     await h.deny(SOURCE, est_tokens=500)
     grant = await h.grant(SOURCE, est_tokens=400)
     await h.deny(SOURCE, est_tokens=100)
@@ -101,3 +103,32 @@ async def test_a_reset_keeps_what_the_provider_announced(h: Harness) -> None:
     await announce(h, requests(3, 0))
     await h.store.reset_source(SOURCE.name)
     await h.deny(SOURCE)
+
+
+async def test_the_estimate_is_settled_before_the_announcement_is_taken(h: Harness) -> None:
+    await announce(h, RateLimits(tokens_limit=1000, tokens_remaining=1000))
+    h.clock.advance(1.0)
+    grant = await h.grant(SOURCE, est_tokens=800)
+    # 100 used; the provider counts 900 spent (another user of the key spent 800).
+    limits = RateLimits(tokens_limit=1000, tokens_remaining=100)
+    await h.settle(grant, SOURCE, est_tokens=800, used_tokens=100, limits=limits)
+    await h.deny(SOURCE, est_tokens=200)  # 100 left, not the 700 a late refund would give
+    await h.grant(SOURCE, est_tokens=100)
+
+
+async def test_a_permit_admitted_before_the_tokens_were_learned_is_not_refunded(
+    h: Harness,
+) -> None:
+    early = await h.grant(SOURCE, est_tokens=900)  # nothing learned yet: nothing charged
+    h.clock.advance(1.0)
+    await announce(h, RateLimits(tokens_limit=1000, tokens_remaining=0))
+    await h.settle(early, SOURCE, est_tokens=900, used_tokens=0)  # no refund of 900
+    await h.deny(SOURCE, est_tokens=100)
+
+
+async def test_a_limit_not_announced_for_an_hour_is_forgotten(h: Harness) -> None:
+    await announce(h, requests(1, 0))
+    h.clock.advance(LEARNED_TTL_S + 1.0)
+    assert (await h.snapshot(SOURCE)).learned_rpm is None
+    for _ in range(5):
+        await h.grant(SOURCE)

@@ -5,8 +5,10 @@
 --   KEYS[4i-3]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s)
 --   KEYS[4i-2]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
 --                                                last_decrease paused_until; learned
---                                                quota: lrpm lreq ltpm ltok (limits
---                                                the provider announced, GCRA times)
+--                                                quota: lrpm lreq ltpm ltok ltsince
+--                                                lseen (limits the provider announced,
+--                                                GCRA times, when tpm was learned, the
+--                                                last announcement)
 --   KEYS[4i-1]  {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
 --                                                a placeholder key when the source has none
 --   KEYS[4i]    {p}:v1:quota:<group>:log   ZSET  permit id -> admission time (the RPM
@@ -36,6 +38,7 @@ local function store_now(arg)
 end
 
 local function fmt(x) return string.format('%.17g', x) end
+local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
 
 local function fields(s)
   local out = {}
@@ -93,7 +96,7 @@ for i = 1, n do
 
   redis.call('ZREMRANGEBYSCORE', pkey, '-inf', fmt(now))  -- reclaim leases expired by now
   local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until',
-    'lrpm', 'lreq', 'ltpm', 'ltok')
+    'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen')
   local mode = st[1] or 'closed'
   local open_until = tonumber(st[2] or '0')
   local probe = st[3]
@@ -153,6 +156,7 @@ for i = 1, n do
   -- the provider's announced limits (learned at settle), beside any declared quota
   local lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
   local lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
+  if now - tonumber(st[10] or '-1e300') > LEARNED_TTL_S then lrpm, ltpm = 0, 0 end
   local learned_waits = {}
   if lrpm > 0 then
     local w; lreq, w = gcra(lreq, now, 1, lrpm)

@@ -7,7 +7,8 @@
 --
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
---                                            last_decrease paused_until
+--                                            last_decrease paused_until; learned quota
+--                                            lrpm lreq ltpm ltok ltsince lseen
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
 -- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
@@ -21,8 +22,10 @@
 --          (0: the cap); tpm (0: none); progress TTL seconds
 -- ARGV[10] release channel    ARGV[11] message published on it ("<origin> <source>")
 -- ARGV[12] the provider's announced limits, "rpm remaining tpm remaining" (a limit of
---          0: not announced): they move the learned quota (lrpm lreq ltpm ltok in
---          KEYS[2]) as core.quota.learned_tat does
+--          0: not announced): they move the learned quota as core.quota.learned_tat
+--          does, after the held permit's token estimate is settled (when the learned
+--          bucket charged it at admission); a quota not announced for LEARNED_TTL_S
+--          starts over
 -- Returns  1 if the permit was held and is now released, else 0.
 -- Time: Redis TIME unless ARGV[1] is given.
 
@@ -33,6 +36,7 @@ local function store_now(arg)
 end
 
 local function fmt(x) return string.format('%.17g', x) end
+local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
 
 local function fields(s)
   local out = {}
@@ -58,6 +62,18 @@ if pause and pause > 0 then
   local paused_until = tonumber(redis.call('HGET', skey, 'paused_until') or '-1e300')
   redis.call('HSET', skey, 'paused_until', fmt(math.max(paused_until, now + pause)))
 end
+-- learned quota (mirrors polygate_celery.store.memory._Learned)
+local l = redis.call('HMGET', skey, 'ltpm', 'ltok', 'ltsince', 'lseen')
+if now - tonumber(l[4] or '-1e300') > LEARNED_TTL_S then
+  redis.call('HDEL', skey, 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince', 'lseen')
+  l = {false, false, false, false}
+end
+local ltpm = tonumber(l[1] or '0')
+if held and ltpm > 0 and est > 0 and admitted_at > tonumber(l[3] or '1e300') then
+  local delta = math.min(math.max(used, 0), ltpm) - math.min(math.max(est, 0), ltpm)
+  local ltok = tonumber(l[2] or '-1e300') + delta * 60.0 / ltpm
+  redis.call('HSET', skey, 'ltok', fmt(ltok))
+end
 local announced = fields(ARGV[12])
 for i, dim in ipairs({{'lrpm', 'lreq'}, {'ltpm', 'ltok'}}) do
   local limit, remaining = announced[2 * i - 1], announced[2 * i]
@@ -65,7 +81,8 @@ for i, dim in ipairs({{'lrpm', 'lreq'}, {'ltpm', 'ltok'}}) do
     local tat = tonumber(redis.call('HGET', skey, dim[2]) or '-1e300')
     local spent = limit - math.min(math.max(remaining, 0), limit)
     redis.call('HSET', skey, dim[1], fmt(limit),
-      dim[2], fmt(math.max(tat, now + spent * 60.0 / limit)))
+      dim[2], fmt(math.max(tat, now + spent * 60.0 / limit)), 'lseen', fmt(now))
+    if i == 2 and ltpm <= 0 then redis.call('HSET', skey, 'ltsince', fmt(now)) end
   end
 end
 if effect == 'success' then
@@ -107,13 +124,6 @@ end
 redis.call('HSET', skey, 'mode', mode, 'failures', failures, 'open_until', fmt(open_until),
   'limit', fmt(limit), 'last_decrease', fmt(last_decrease))
 if probe then redis.call('HSET', skey, 'probe', probe) else redis.call('HDEL', skey, 'probe') end
-
-local ltpm = tonumber(redis.call('HGET', skey, 'ltpm') or '0')
-if ltpm > 0 and est > 0 then
-  local ltok = tonumber(redis.call('HGET', skey, 'ltok') or '-1e300')
-  local delta = math.min(math.max(used, 0), ltpm) - math.min(math.max(est, 0), ltpm)
-  redis.call('HSET', skey, 'ltok', fmt(ltok + delta * 60.0 / ltpm))
-end
 
 if tpm > 0 and est > 0 then
   local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')

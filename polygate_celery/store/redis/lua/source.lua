@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
---                                            last_decrease paused_until
+--                                            last_decrease paused_until; learned quota
+--                                            (lrpm ltpm ... lseen: read by snapshot)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "pause", "resume", "reset" or "snapshot"
 -- ARGV[3]  pause: seconds;  snapshot: cap
@@ -43,8 +44,9 @@ end
 local cap, initial = tonumber(ARGV[3]), tonumber(ARGV[4])
 if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
-local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit', 'lrpm', 'ltpm')
+local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit', 'lrpm', 'ltpm', 'lseen')
 local limit = tonumber(st[3] or initial)
+if now - tonumber(st[6] or '-1e300') > 3600 then st[4], st[5] = false, false end  -- forgotten
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. fmt(now), '+inf')
 return {live, math.max(1, math.min(cap, math.floor(limit))), st[1] or 'closed',
   tonumber(st[2] or '0'), fmt(math.max(0, paused_until - now)), st[4] or '0', st[5] or '0'}
