@@ -22,7 +22,7 @@ from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.conftest import CANARY_KEY
 
 RPM = 120
-CALLS = 150  # the bucket's 120, then 30 more at one every 0.5 s: about 15 s
+CALLS = 140  # the bucket's 120, then 20 more at one every 0.5 s: about 10 s
 IN_FLIGHT = 16
 
 
@@ -67,8 +67,8 @@ async def test_an_announced_quota_is_kept_without_being_declared(
     assert len(answers) == CALLS
     refused = sum(1 for entry in provider.journal if entry.outcome.startswith("429"))
     assert learned == RPM
-    # The calls in flight when the bucket empties may meet a 429 each, no more.
-    assert refused <= IN_FLIGHT, f"{refused} answered 429 of {len(provider.journal)}"
+    # Learned from the first answers, before the bucket empties: (almost) none refused.
+    assert refused <= 4, f"{refused} answered 429 of {len(provider.journal)}"
 
 
 async def calls(gateway: Gateway, n: int) -> list[Any]:
