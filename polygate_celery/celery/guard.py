@@ -67,7 +67,7 @@ class ExecutionGuard:
     def begin(self) -> Verdict:
         if not self.active:
             return "go"
-        reply = self.runtime.run(self._call("begin"))
+        reply = self._call("begin")
         verdict: Verdict = _text(reply[0])  # type: ignore[assignment]
         if verdict == "running":
             self.wait_s = max(0.0, int(reply[1]) / 1000)
@@ -96,23 +96,30 @@ class ExecutionGuard:
     def _end(self, mode: str) -> None:
         if self.active:
             heartbeat_of(self.runtime).discard(self.keys[0], self.token)
-            self.runtime.run(self._call(mode))
+            self._call(mode)
 
-    async def _call(self, mode: str) -> Any:
-        assert self.runtime.redis is not None
+    def _call(self, mode: str) -> Any:
+        """One execution.lua step, from the task's own thread (no hop to the loop)."""
         ttls: list[str | int] = [self._run_ttl_ms, repr(self._done_ttl)]
         args: list[str | int] = [mode, self.token, *ttls, int(self.copy), self._cap]
         keys = self.keys
         if mode == "begin" and self.lot is not None:
             keys = [*keys, *self.lot]  # the entry this message was released from, if any
             args.append(self.run.key)
-        return await run_script(_EXECUTION, self.runtime.redis, keys, args)
+        return _EXECUTION.run_blocking(self.runtime.blocking_redis, keys, args)
 
 
 FINISH_PATIENCE_S = 30.0
 """How long a finished run waits for Redis to record it (about Celery's publish retry):
 a run whose result was stored while Redis restarted must not run again for want of it."""
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Redis could not be reached: the error itself, or the one a store error wraps."""
+    return isinstance(exc, _UNREACHABLE) or (
+        isinstance(exc, GovernanceBackendError) and isinstance(exc.__cause__, _UNREACHABLE)
+    )
 
 
 def patiently(
@@ -130,7 +137,10 @@ def patiently(
         try:
             step()
             return
-        except _UNREACHABLE:
+        except Exception as exc:
+            if not _unreachable(exc):
+                logger.warning("recording a governed task's run failed", exc_info=True)
+                return
             if clock() + delay > deadline:
                 logger.warning(
                     "recording a governed task's run failed for %gs: Redis unreachable; a copy "
@@ -140,9 +150,6 @@ def patiently(
                 return
             sleep(delay)
             delay = min(delay * 2, 2.0)
-        except Exception:
-            logger.warning("recording a governed task's run failed", exc_info=True)
-            return
 
 
 def quietly(step: Callable[[], Any]) -> None:

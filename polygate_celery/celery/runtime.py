@@ -27,7 +27,7 @@ from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import load_config
 from polygate_celery.governance.gateway import Gateway
 from polygate_celery.store.factory import store_from_config
-from polygate_celery.store.redis import RedisStore
+from polygate_celery.store.redis import RedisStore, sync_redis_client
 from polygate_celery.telemetry import Telemetry, TelemetryHook
 
 logger = logging.getLogger("polygate_celery")
@@ -108,7 +108,25 @@ class WorkerRuntime:
         self.store = store_from_config(config.store)
         self.gateway = Gateway(config, store=self.store, hooks=hooks, scope_gate=True)
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
+        self._blocking: Any = None
+        self._made = threading.Lock()
         self._services: list[Any] = []
+
+    @property
+    def blocking_redis(self) -> Any:
+        """A blocking client of the same Redis, for steps a task's own thread takes (run
+        markers), made on first use; None without a Redis store."""
+        if self._blocking is None and self.redis is not None:
+            store = self.config.store
+            assert store.redis_url is not None
+            with self._made:
+                if self._blocking is None:
+                    self._blocking = sync_redis_client(
+                        store.redis_url.get_secret_value(),
+                        socket_timeout_s=store.socket_timeout_s,
+                        connect_timeout_s=store.connect_timeout_s,
+                    )
+        return self._blocking
 
     @property
     def keys(self) -> Any:
@@ -156,6 +174,8 @@ class WorkerRuntime:
         try:
             self.run(self._aclose())
         finally:
+            if self._blocking is not None:
+                self._blocking.close()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(5)
             if not self._thread.is_alive():

@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from polygate_celery.celery.guard import patiently
+from polygate_celery.errors import GovernanceBackendError
 
 
 class Clock:
@@ -55,3 +56,15 @@ def test_any_other_error_is_logged_at_once() -> None:
     calls, step = failing(1, ValueError("a bug"))
     patiently(step, within_s=30, sleep=clock.sleep, clock=lambda: clock.now)  # type: ignore[arg-type]
     assert (len(calls), clock.slept) == (1, [])
+
+
+def test_an_unreachable_redis_behind_a_store_error_is_waited_out() -> None:
+    """The run markers' scripts raise `GovernanceBackendError` with Redis's error as its
+    cause: that is the error patience is for."""
+    clock = Clock()
+    cause = redis.exceptions.ConnectionError("Connection refused")
+    wrapped = GovernanceBackendError(f"ConnectionError: {cause}")
+    wrapped.__cause__ = cause
+    calls, step = failing(2, wrapped)
+    patiently(step, within_s=30, sleep=clock.sleep, clock=lambda: clock.now)  # type: ignore[arg-type]
+    assert (len(calls), clock.slept) == (3, [0.1, 0.2])

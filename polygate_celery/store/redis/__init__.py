@@ -7,6 +7,7 @@ from polygate_celery.store.redis.store import (
     lua_text,
     redis_client,
     run_script,
+    sync_redis_client,
 )
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "lua_text",
     "redis_client",
     "run_script",
+    "sync_redis_client",
 ]

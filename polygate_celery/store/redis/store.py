@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import redis as sync
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
+from redis.retry import Retry as SyncRetry
 
 from polygate_celery.clock import Clock, WaitsForIO
 from polygate_celery.core.outcome import RateLimits
@@ -103,6 +105,26 @@ def redis_client(
         decode_responses=True,
     )
     return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
+
+
+def sync_redis_client(
+    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
+) -> sync.Redis:
+    """A blocking client with `redis_client`'s settings, for a caller on its own thread
+    (a Celery task's run markers): no hop to an event loop, half the time per script."""
+    pool = sync.BlockingConnectionPool.from_url(
+        url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=socket_timeout_s + connect_timeout_s,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        retry=SyncRetry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        retry_on_error=[],
+        health_check_interval=0,
+        decode_responses=True,
+    )
+    return sync.Redis.from_pool(pool)
 
 
 class RedisStore:
@@ -407,6 +429,19 @@ class LuaScript:
         except NoScriptError:
             self.sha = await client.script_load(self.text)
             return await client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def run_blocking(
+        self, client: sync.Redis, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        """`run` on a blocking client; any failure of Redis is a `GovernanceBackendError`."""
+        try:
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                self.sha = client.script_load(self.text)
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+        except _BACKEND_ERRORS as exc:
+            raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
