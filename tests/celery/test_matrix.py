@@ -578,6 +578,7 @@ class Group:
         self.injections: list[str] = []
         self.reruns = 0  # runs again after a kill between body end and recorded outcome
         self.plain_reruns = 0  # ungoverned follow-ups run again (Celery's at-least-once)
+        self.killed_at: dict[int, float] = {}  # pool children SIGKILLed, when
 
     # -- running -----------------------------------------------------------------------------
 
@@ -677,7 +678,9 @@ class Group:
                 break  # no work remains
             self.note_hits(victims)
             if self.fault == "pool_kill":
+                at = time.time()  # the witness's clock
                 killed = kill_pids(r.pid for r in victims)
+                self.killed_at.update(dict.fromkeys(killed, at))
                 self.injections.append(f"SIGKILL of pool children {sorted(killed)}")
             elif self.fault == "conn_drop":
                 dropped = drop_broker_connections(self.server, BROKER_DBS)
@@ -764,6 +767,17 @@ class Group:
 
     # -- judging -----------------------------------------------------------------------------
 
+    def cut_off(self, run: RunRecord) -> bool:
+        """A completed run whose outcome was never recorded because the fault hit it: in
+        its call, or its process SIGKILLed after its body returned (the witness may not
+        have seen the body end before the kill, and so not have counted it a victim)."""
+        if run.post is not None:
+            return False
+        killed = self.killed_at.get(run.pid)
+        return run.run in self.hit_runs or (
+            killed is not None and run.end is not None and killed >= run.end
+        )
+
     def judge(self, end: str, found: Leftovers | None) -> dict[str, list[str]]:
         """Problems per feature (an empty list: the cell passed)."""
         problems: dict[str, list[str]] = {feature: [] for feature in (*SELECTED, "(group)")}
@@ -802,7 +816,7 @@ class Group:
                 continue
             # A run SIGKILLed after its body returned but before Celery recorded its
             # outcome runs again: at least once, as acks_late promises (README).
-            unrecorded = [r for r in completed[:-1] if r.post is None and r.run in self.hit_runs]
+            unrecorded = [r for r in completed[:-1] if self.cut_off(r)]
             self.reruns += len(unrecorded)
             if len(completed) - len(unrecorded) != 1:
                 out.append(
