@@ -15,6 +15,9 @@ if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[1])
 local keep = tonumber(ARGV[3])
 if keep > 0 then
+  -- The run may have begun already and forgotten the entry (execution.lua): keep
+  -- nothing then, or the entry would come back without its message.
+  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 1 end
   local t = redis.call('TIME')
   redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(t[2]) / 1000000 + keep, ARGV[1])
 else
