@@ -92,19 +92,23 @@ def redis_client(
     default pool raises "Too many connections" past 100, which a busy worker
     process (many threads, one event loop) would turn into a fail-closed verdict.
     """
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=MAX_CONNECTIONS,
-        timeout=socket_timeout_s + connect_timeout_s,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=connect_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        retry_on_error=[],
-        health_check_interval=0,
-        decode_responses=True,
-    )
+    options = _pool_options(socket_timeout_s, connect_timeout_s)
+    pool = BlockingConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **options)
     return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
+
+
+def _pool_options(socket_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
+    """Both governance clients' pool settings, but the retry (a class per client kind)."""
+    return {
+        "max_connections": MAX_CONNECTIONS,
+        "timeout": socket_timeout_s + connect_timeout_s,
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        "retry_on_timeout": False,
+        "retry_on_error": [],
+        "health_check_interval": 0,
+        "decode_responses": True,
+    }
 
 
 def sync_redis_client(
@@ -112,18 +116,8 @@ def sync_redis_client(
 ) -> sync.Redis:
     """A blocking client with `redis_client`'s settings, for a caller on its own thread
     (a Celery task's run markers): no hop to an event loop, half the time per script."""
-    pool = sync.BlockingConnectionPool.from_url(
-        url,
-        max_connections=MAX_CONNECTIONS,
-        timeout=socket_timeout_s + connect_timeout_s,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=connect_timeout_s,
-        retry=SyncRetry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        retry_on_error=[],
-        health_check_interval=0,
-        decode_responses=True,
-    )
+    options = _pool_options(socket_timeout_s, connect_timeout_s)
+    pool = sync.BlockingConnectionPool.from_url(url, retry=SyncRetry(NoBackoff(), 0), **options)
     return sync.Redis.from_pool(pool)
 
 

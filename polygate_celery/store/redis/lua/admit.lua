@@ -56,6 +56,13 @@ local function gcra(tat, now, cost, limit)
   return new_tat, nil
 end
 
+-- The TAT after one admission of `cost`; the wait, if it may not, goes into `waits`.
+local function charge(waits, tat, now, cost, limit)
+  local new_tat, w = gcra(tat, now, cost, limit)
+  if w then waits[#waits + 1] = w end
+  return new_tat
+end
+
 local now = store_now(ARGV[1])
 local permit = ARGV[2]
 local lease = tonumber(ARGV[3])
@@ -126,10 +133,10 @@ for i = 1, n do
   local permits = math.max(1, math.min(cap, math.floor(limit)))
   if redis.call('ZCARD', pkey) >= permits then reasons[#reasons + 1] = 'at_capacity' end
   local req_tat, tok_tat = nil, nil
+  local waits = {}  -- declared and learned quotas alike: one 'quota' reason
   if rpm > 0 or tpm > 0 then
     local q = redis.call('HMGET', qkey, 'req', 'tok')
     req_tat, tok_tat = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
-    local waits = {}
     if rpm > 0 and window > 0 then
       redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now - window))
       local excess = redis.call('ZCARD', lkey) - rpm
@@ -141,33 +148,18 @@ for i = 1, n do
       -- (during a rolling upgrade, or after a changed setting) see this admission.
       req_tat = math.min(math.max(req_tat, now) + 60.0 / rpm, now + 60.0)
     elseif rpm > 0 then
-      local w; req_tat, w = gcra(req_tat, now, 1, rpm)
-      if w then waits[#waits + 1] = w end
+      req_tat = charge(waits, req_tat, now, 1, rpm)
     end
-    if tpm > 0 and est > 0 then
-      local w; tok_tat, w = gcra(tok_tat, now, est, tpm)
-      if w then waits[#waits + 1] = w end
-    end
-    if #waits > 0 then
-      reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits))
-    end
+    if tpm > 0 and est > 0 then tok_tat = charge(waits, tok_tat, now, est, tpm) end
   end
-
   -- the provider's announced limits (learned at settle), beside any declared quota
   local lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
   local lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
   if now - tonumber(st[10] or '-1e300') > LEARNED_TTL_S then lrpm, ltpm = 0, 0 end
-  local learned_waits = {}
-  if lrpm > 0 then
-    local w; lreq, w = gcra(lreq, now, 1, lrpm)
-    if w then learned_waits[#learned_waits + 1] = w end
-  end
-  if ltpm > 0 and est > 0 then
-    local w; ltok, w = gcra(ltok, now, est, ltpm)
-    if w then learned_waits[#learned_waits + 1] = w end
-  end
-  if #learned_waits > 0 then
-    reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(learned_waits))
+  if lrpm > 0 then lreq = charge(waits, lreq, now, 1, lrpm) end
+  if ltpm > 0 and est > 0 then ltok = charge(waits, ltok, now, est, ltpm) end
+  if #waits > 0 then
+    reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits))
   end
 
   if #reasons > 0 then
