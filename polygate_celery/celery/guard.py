@@ -22,10 +22,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import redis
-from celery import Task
+from celery import Task, states
 
 from polygate_celery.celery.identity import COPY, RunIdentity
 from polygate_celery.celery.parking import lot_name
@@ -59,6 +60,7 @@ class ExecutionGuard:
         self._done_ttl = config.max_defer_age_s
         self._cap = config.redelivery_cap
         self.wait_s = 0.0  # after "running": how long until the live run's marker lapses
+        self.task = task
         self.lot: list[str] | None = None
         if self.active and (run.deferrals > 0 or self.copy):  # may come from a parking lot
             lot = runtime.keys.parked(lot_name(task.app))
@@ -73,6 +75,12 @@ class ExecutionGuard:
             self.wait_s = max(0.0, int(reply[1]) / 1000)
         elif verdict == "go":
             heartbeat_of(self.runtime).add(self.keys[0], self.token)
+            if len(reply) > 1 and outcome_stored_since(self.task, float(_text(reply[1]))):
+                # An earlier run of this message stored its outcome, then died before
+                # marking itself finished: running again would store (and count toward
+                # a chord) a second outcome.
+                quietly(self.finish)
+                return "done"
         return verdict
 
     def finish(self) -> None:
@@ -103,10 +111,43 @@ class ExecutionGuard:
         ttls: list[str | int] = [self._run_ttl_ms, repr(self._done_ttl)]
         args: list[str | int] = [mode, self.token, *ttls, int(self.copy), self._cap]
         keys = self.keys
-        if mode == "begin" and self.lot is not None:
-            keys = [*keys, *self.lot]  # the entry this message was released from, if any
-            args.append(self.run.key)
+        if mode == "begin":
+            args.append(repr(time.time()))  # the clock Celery's date_done is read from
+            if self.lot is not None:
+                keys = [*keys, *self.lot]  # the entry this message was released from, if any
+                args.append(self.run.key)
         return _EXECUTION.run_blocking(self.runtime.blocking_redis, keys, args)
+
+
+def outcome_stored_since(task: Task[Any, Any], began: float) -> bool:
+    """Whether the result backend holds a final outcome of `task`'s id, stored at or
+    after `began` (epoch seconds, the storing worker's clock). Unknown (no backend,
+    results ignored, the backend unreachable) counts as not stored: the run goes on."""
+    if task.ignore_result or getattr(task.request, "ignore_result", False):
+        return False
+    try:
+        meta = task.backend.get_task_meta(str(task.request.id), cache=False)
+    except Exception as exc:
+        logger.warning(
+            "task %s: its result backend could not say whether an earlier run of the "
+            "message stored an outcome (%s); running it again",
+            task.request.id,
+            type(exc).__name__,
+        )
+        return False
+    if meta.get("status") not in states.READY_STATES:
+        return False
+    done = meta.get("date_done")
+    if isinstance(done, str):
+        try:
+            done = datetime.fromisoformat(done)
+        except ValueError:
+            return False
+    if not isinstance(done, datetime):
+        return False
+    if done.tzinfo is None:
+        done = done.replace(tzinfo=UTC)
+    return done.timestamp() >= began
 
 
 FINISH_PATIENCE_S = 30.0

@@ -7,11 +7,12 @@ Workers in other processes import it too: they read their configuration from
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
 import redis as sync_redis
-from celery import Celery, Task, shared_task
+from celery import Celery, Task, shared_task, signals
 from kombu.exceptions import EncodeError, OperationalError
 
 from polygate_celery import AllSourcesExhausted, SourceFatalError, load_config
@@ -221,6 +222,29 @@ def witnessed(self: Any, calls: GovernedCalls, scope: str = "killable") -> str:
         answer = calls.chat(HELLO, scope=scope).value.text
         client.rpush(f"witness:{self.request.id}", f"end {time.time()}")
     return answer
+
+
+@app.task(bind=True)
+@governed("chat")
+def dies_after_storing(self: Any, calls: GovernedCalls, text: str) -> str:
+    """Fails; its first run's pool process is killed right after Celery stored the
+    failure (`_kill_once_stored`), before the run is marked finished."""
+    note_run(self.request.id)
+    raise ValueError(f"{text}: the body's own error")
+
+
+@signals.task_failure.connect
+def _kill_once_stored(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+    """``task_failure`` comes after Celery stored the failure (and counted any chord
+    part), before ``task_postrun``: the window in which a lost pool process leaves a
+    stored run unfinished. Celery requeues the message (``task_reject_on_worker_lost``):
+    it skips a redelivery only when SUCCESS was stored, and only from the main process
+    that saw the loss."""
+    if getattr(sender, "name", None) != dies_after_storing.name:
+        return
+    with sync_redis.Redis.from_url(app.conf.broker_url) as client:
+        if client.set(f"killed:{task_id}", 1, nx=True, ex=600):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class RetryPublishFails(Task):  # type: ignore[misc]

@@ -19,7 +19,7 @@ from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests import soak
-from tests.celery.app import app, ask, ask_in
+from tests.celery.app import app, ask, ask_in, dies_after_storing
 from tests.celery.conftest import config_data
 from tests.celery.workers import celery_worker
 from tests.conftest import Figures
@@ -149,6 +149,36 @@ def test_a_killed_pool_process_mid_call_is_redelivered_and_its_permit_returns(
         f"{trials} kills: redelivered after {min(redelivery):.2f}-{max(redelivery):.2f} s; "
         f"permit regranted {min(g[1] for g in gaps):.2f}-{max(g[1] for g in gaps):.2f} s"
     )
+
+
+def test_a_run_killed_after_its_result_was_stored_is_not_run_again(
+    client_app: Any,
+    worker_config: dict[str, Any],
+    broker: str,
+    redis_url: str,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """The pool process dies between Celery storing the outcome (and counting the chord
+    part) and the run being marked finished: the copy Celery requeues finds the outcome
+    in the result backend and is dropped, instead of storing (and counting) a second."""
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
+        result = dies_after_storing.delay("once")
+        store = sync_redis.Redis.from_url(redis_url)
+        wait_until(  # the copy came back and was dropped: the run is marked finished
+            lambda: (
+                [
+                    store.get(key)
+                    for key in store.scan_iter(match=f"{{{prefix}}}*:done:{result.id}:*")
+                ]
+                == [b"1"]
+            ),
+            within_s=60,
+        )
+        with pytest.raises(ValueError, match="once: the body's own error"):
+            result.get(timeout=30)
+        assert sync_redis.Redis.from_url(broker).get(f"killed:{result.id}") == b"1"
+        assert sync_redis.Redis.from_url(broker).llen(f"runs:{result.id}") == 1
 
 
 @pytest.mark.skipif(not soak.SOAK, reason="soak tier (make soak): ~40 s per kill")
