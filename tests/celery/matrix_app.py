@@ -20,7 +20,8 @@ kept for another submission (``reuse_results``) would be detected.
 
 The witness is one JSON entry per step of a run: ``start``, ``call`` (the
 governed call begins), ``end`` (the body returned) or ``left`` (it raised, on
-purpose), each with the run id, submission, wall time, pid, thread id and worker.
+purpose), each with the run id, submission, wall time, pid, thread id and worker;
+and ``received`` (the worker read a message of that task id from the broker).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 import redis
 from celery import Celery, Task, current_task, shared_task
-from celery.signals import task_postrun
+from celery.signals import task_postrun, task_received
 
 from polygate_celery import AllSourcesExhausted, load_config
 from polygate_celery.celery import GovernedCalls, configure_worker, governed
@@ -127,6 +128,18 @@ class Run:
 
 
 _running = threading.local()  # the body run of this thread's current task
+
+
+@task_received.connect
+def _received(request: Any = None, **_: Any) -> None:
+    """The worker read the message from the broker (its main process, before any task
+    code): the witness's "received", which tells a message the broker transport lost
+    from one that reached the worker."""
+    client = _witness()
+    if client is None or request is None:
+        return
+    entry = {"ev": "received", "task": request.id, "worker": WORKER_TAG, "t": time.time()}
+    client.rpush(WITNESS_KEY, json.dumps(entry))
 
 
 @task_postrun.connect

@@ -470,11 +470,15 @@ class Witness:
         self.key = key
         self.entries = 0
         self.runs: dict[str, RunRecord] = {}
+        self.received: set[str] = set()  # task ids some worker read from the broker
 
     def refresh(self) -> None:
         for raw in self.client.lrange(self.key, self.entries, -1):
             self.entries += 1
             entry = json.loads(raw)
+            if entry["ev"] == "received":
+                self.received.add(entry["task"])
+                continue
             run = self.runs.get(entry["run"])
             if run is None:
                 run = self.runs[entry["run"]] = RunRecord(
@@ -579,6 +583,7 @@ class Group:
         self.reruns = 0  # runs again after a kill between body end and recorded outcome
         self.plain_reruns = 0  # ungoverned follow-ups run again (Celery's at-least-once)
         self.killed_at: dict[int, float] = {}  # pool children SIGKILLed, when
+        self.transport_losses: list[str] = []  # never read from the broker (README)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -782,16 +787,23 @@ class Group:
         """Problems per feature (an empty list: the cell passed)."""
         problems: dict[str, list[str]] = {feature: [] for feature in (*SELECTED, "(group)")}
         runs = self.witness.by_sub()
+        outcomes: dict[int, tuple[str, Any]] = {}  # by id(expect): one task id may be reused
         for expect in self.expects:
-            out = problems[expect.feature]
             if expect.frozen:
-                state, result = expect.final or ("never final", None)
+                outcomes[id(expect)] = expect.final or ("never final", None)
             else:
                 try:
-                    state, result = expect.read()
+                    outcomes[id(expect)] = expect.read()
                 except Exception as exc:  # the backend is gone: say so
-                    state, result = f"unreadable ({exc})", None
+                    outcomes[id(expect)] = (f"unreadable ({exc})", None)
+        lost = self.lost_in_transport({i: state for i, (state, _) in outcomes.items()})
+        for expect in self.expects:
+            out = problems[expect.feature]
+            state, result = outcomes[id(expect)]
             mine = runs.get(expect.sub or "", [])
+            if id(expect) in lost:
+                self.transport_losses.append(f"{expect.label} {expect.task_id}")
+                continue
             if state != "SUCCESS" or result != expect.expected:
                 stale = " (the earlier submission's)" if result == expect.stale else ""
                 out.append(
@@ -862,6 +874,42 @@ class Group:
                     )
         return problems
 
+    def lost_in_transport(self, states: dict[int, str]) -> set[int]:
+        """Expected tasks (by `id`) no worker ever read from the broker, under a fault that
+        cuts Redis connections: kombu's Redis transport pops a message (BRPOP) before it
+        records it as unacknowledged, and a pop whose reply the fault cuts off is lost before any
+        task code runs (README). Such a task stays PENDING, no run of it began, and no
+        worker's `task_received` saw its id. A follow-up (chain or link step, chord body)
+        counts only when a task it waited for was lost so: it was then never sent."""
+        if self.fault not in ("conn_drop", "redis_restart"):
+            return set()
+        runs = self.witness.by_sub()
+
+        def unread(expect: Expect) -> bool:
+            return (
+                states.get(id(expect)) == "PENDING"
+                and not runs.get(expect.sub or "")
+                and expect.task_id not in self.witness.received
+            )
+
+        lost = {id(e) for e in self.expects if not self.follows(e) and unread(e)}
+        families = {self.family(e) for e in self.expects if id(e) in lost}
+        lost |= {
+            id(e)
+            for e in self.expects
+            if self.follows(e) and self.family(e) in families and unread(e)
+        }
+        return lost
+
+    @staticmethod
+    def family(expect: Expect) -> str:
+        return (expect.sub or "").split("/", maxsplit=1)[0]
+
+    @staticmethod
+    def follows(expect: Expect) -> bool:
+        """Sent by a worker once another task ended, not by the client."""
+        return (expect.sub or "").rsplit("/", maxsplit=1)[-1] in ("follow", "link", "collect")
+
     @staticmethod
     def task_id_of(text: str) -> str:
         found = UUID.search(text)
@@ -883,6 +931,11 @@ class Group:
             if self.reruns
             else ""
         )
+        if self.transport_losses:
+            reruns += (
+                f"; {len(self.transport_losses)} task(s) never read from the broker (kombu's "
+                f"BRPOP cut off: {', '.join(self.transport_losses)})"
+            )
         return (
             f"{len(SELECTED)} rows all passed (row tasks/body runs/runs the fault hit: "
             f"{', '.join(cells)}); {self.injected} injections{restarts}{reruns}; "
