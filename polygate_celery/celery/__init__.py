@@ -9,6 +9,15 @@ configure_worker(app, load_config())
 def summarise(calls, doc_id): ...
 """
 
+try:
+    import celery as _celery  # noqa: F401
+    import kombu.transport.redis as _redis_transport  # noqa: F401
+except ImportError as exc:
+    raise ImportError(
+        f"polygate_celery.celery needs Celery with its Redis transport ({exc.name} is "
+        "missing): pip install 'polygate_celery[celery]'"
+    ) from exc
+
 from polygate_celery.celery.deferral import DEFERRED, DeferralState, deferral_delay
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import DEFERRALS, SUBMISSION, RunIdentity

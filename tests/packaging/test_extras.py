@@ -1,0 +1,120 @@
+"""Every extra works alone: the built wheel, installed with one extra into a fresh
+virtualenv (nothing from the dev environment), does what the extra is for.
+
+`uv` builds the wheel and makes the virtualenvs (its cache keeps this to seconds an
+extra after the first run); each check runs in its virtualenv from a scratch directory,
+so the repository's sources cannot stand in for the installed package.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).parent
+SMOKE_DB = 13  # the [celery] check's broker, result backend and store: emptied afterwards
+
+
+def uv() -> str:
+    found = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    if not Path(found).exists():
+        pytest.fail("uv is not installed: pip install 'polygate_celery[dev]'")
+    return found
+
+
+def run(command: list[str], cwd: Path, timeout: float = 600, **env: str) -> str:
+    done = subprocess.run(
+        command,
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
+            f"{done.stderr[-3000:]}",
+            pytrace=False,
+        )
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    run([uv(), "build", "--wheel", "--out-dir", str(out), str(ROOT)], ROOT)
+    (built,) = out.glob("polygate_celery-*.whl")
+    return built
+
+
+def install(wheel: Path, extra: str, where: Path) -> Path:
+    """A fresh virtualenv at `where` with the wheel and `extra` alone; its python."""
+    venv = where / "venv"
+    run([uv(), "venv", "--quiet", "--python", sys.executable, str(venv)], where)
+    python = venv / "bin" / "python"
+    spec = f"polygate_celery[{extra}] @ {wheel.as_uri()}" if extra else str(wheel)
+    run([uv(), "pip", "install", "--quiet", "--python", str(python), spec], where)
+    for script in HERE.glob("*.py"):
+        if script.name != "__init__.py" and not script.name.startswith("test_"):
+            shutil.copy(script, where / script.name)
+    return python
+
+
+@pytest.fixture
+def smoke_broker(redis_url: str) -> Iterator[str]:
+    url = redis_url.rsplit("/", 1)[0] + f"/{SMOKE_DB}"
+    yield url
+    sync_redis.Redis.from_url(url).flushdb()
+
+
+def test_the_core_install_makes_governed_calls_and_names_the_extra_each_module_needs(
+    wheel: Path, tmp_path: Path
+) -> None:
+    python = install(wheel, "", tmp_path)
+    out = run([str(python), "smoke_core.py"], tmp_path)
+    assert "governed call answered 'stub says hi'" in out
+    assert "pip install 'polygate_celery[celery]'" in out
+
+
+def test_the_celery_extra_runs_a_governed_task_on_a_real_worker(
+    wheel: Path, tmp_path: Path, smoke_broker: str
+) -> None:
+    python = install(wheel, "celery", tmp_path)
+    queue, prefix = f"smoke-{uuid.uuid4().hex[:8]}", f"smoke-{uuid.uuid4().hex[:8]}"
+    out = run([str(python), "smoke_celery.py", smoke_broker, queue, prefix], tmp_path)
+    assert "governed task answered 'stub says hi'" in out
+
+
+def test_the_openai_extra_calls_through_the_sdk_adapter(wheel: Path, tmp_path: Path) -> None:
+    python = install(wheel, "openai", tmp_path)
+    assert "answered 'stub says hi'" in run([str(python), "smoke_openai.py"], tmp_path)
+
+
+def test_the_simulator_extra_serves_from_its_command_line(wheel: Path, tmp_path: Path) -> None:
+    python = install(wheel, "simulator", tmp_path)
+    assert "the simulator at http://" in run([str(python), "smoke_simulator.py"], tmp_path)
+
+
+def test_the_prometheus_extra_renders_the_metrics(wheel: Path, tmp_path: Path) -> None:
+    python = install(wheel, "prometheus", tmp_path)
+    assert "prometheus metrics:" in run([str(python), "smoke_prometheus.py"], tmp_path)
+
+
+def test_the_bench_extra_brings_what_the_benchmarks_import(wheel: Path, tmp_path: Path) -> None:
+    python = install(wheel, "bench", tmp_path)
+    check = (
+        "import matplotlib, openai, polygate_celery.celery, polygate_celery.sources.sdk, "
+        "polygate_celery.testing.simulator.server; print('bench imports')"
+    )
+    assert "bench imports" in run([str(python), "-c", check], tmp_path)
