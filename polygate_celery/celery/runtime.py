@@ -100,14 +100,16 @@ class WorkerRuntime:
         self.config = config
         self.telemetry = Telemetry(hooks)
         self.pid = os.getpid()
+        # Store and gateway first: one that cannot be built leaves no loop thread behind
+        # (each task would otherwise start one more).
+        self.store = store_from_config(config.store)
+        self.gateway = Gateway(config, store=self.store, hooks=hooks, scope_gate=True)
+        self.redis = self.store.client if isinstance(self.store, RedisStore) else None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="polygate-loop", daemon=True
         )
         self._thread.start()
-        self.store = store_from_config(config.store)
-        self.gateway = Gateway(config, store=self.store, hooks=hooks, scope_gate=True)
-        self.redis = self.store.client if isinstance(self.store, RedisStore) else None
         self._blocking: Any = None
         self._made = threading.Lock()
         self._services: list[Any] = []

@@ -33,17 +33,24 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar, cast
 
-from celery import Task, signals
+from celery import Celery, Task, signals
 from celery._state import get_current_task
 from celery.exceptions import Ignore, Reject
+from celery.local import Proxy
 from kombu.exceptions import EncodeError
 
 from polygate_celery.celery.deferral import defer, requeue_copy
 from polygate_celery.celery.guard import ExecutionGuard, patiently, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
-from polygate_celery.celery.runtime import runtime_for
-from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, PolygateError
+from polygate_celery.celery.runtime import registered_config, runtime_for
+from polygate_celery.config.loading import load_config
+from polygate_celery.errors import (
+    AllSourcesExhausted,
+    ConfigError,
+    GovernanceBackendError,
+    PolygateError,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("polygate_celery")
@@ -76,6 +83,11 @@ def governed(
     """
 
     def decorate(fn: F) -> F:
+        if isinstance(fn, (Task, Proxy)):
+            raise TypeError(
+                f"@governed is above @app.task on {getattr(fn, 'name', fn)!r}: put it below "
+                "(@app.task, then @governed(...), then def), so that Celery runs the governed body"
+            )
         parameters = list(inspect.signature(fn).parameters.values())
         is_bound = bound if bound is not None else bool(parameters) and parameters[0].name == "self"
         handle_at = 1 if is_bound else 0
@@ -92,9 +104,63 @@ def governed(
         visible = parameters[:handle_at] + parameters[handle_at + 1 :]
         run_task.__signature__ = inspect.signature(fn).replace(parameters=visible)  # type: ignore[attr-defined]
         run_task.__polygate_governed__ = True  # type: ignore[attr-defined]
+        run_task.__polygate_scope__ = scope  # type: ignore[attr-defined]
         return cast(F, run_task)
 
     return decorate
+
+
+def governed_tasks(app: Celery) -> dict[str, str | None]:
+    """`app`'s governed tasks: name -> the scope given to `@governed` (None: none given)."""
+    found: dict[str, str | None] = {}
+    for name, task in app.tasks.items():
+        run = getattr(type(task), "run", None)
+        if getattr(run, "__polygate_governed__", False):
+            found[name] = getattr(run, "__polygate_scope__", None)
+    return found
+
+
+def check_governed_tasks(app: Celery) -> list[str]:
+    """At worker start: each problem with `app`'s governed tasks, logged as an error, one
+    line each. A governed app that never called `configure_worker`; a task whose
+    `@governed` scope the configuration does not have (its every run would fail)."""
+    tasks = governed_tasks(app)
+    if not tasks:
+        return []
+    problems = []
+    config = registered_config(app)
+    if config is None:
+        problems.append(
+            f"app {app.main!r} has governed tasks ({', '.join(sorted(tasks))}) but "
+            "configure_worker(app, load_config()) was never called for it: call it where the "
+            "app is made (without it: no late acknowledgement, no time limits, no parking lot, "
+            "and the configuration is read from $POLYGATE_CONFIG at the first task)"
+        )
+        try:
+            config = load_config()
+        except ConfigError:
+            config = None
+    if config is not None and config.scopes:  # none at all: the problem above says why
+        scopes = sorted(config.scopes)
+        for name, scope in sorted(tasks.items()):
+            if scope is not None and scope not in config.scopes:
+                problems.append(
+                    f"task {name!r} is @governed({scope!r}), a scope the configuration does "
+                    f"not have (configured: {', '.join(scopes) or 'none'}): fix the name, or "
+                    f"add [scopes.{scope}]"
+                )
+    for problem in problems:
+        logger.error("%s", problem)
+    return problems
+
+
+def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if isinstance(app, Celery):
+        check_governed_tasks(app)
+
+
+signals.worker_init.connect(_check_at_worker_start, weak=False)
 
 
 def current() -> Task[Any, Any]:

@@ -78,10 +78,54 @@ def configure_worker(
         extra_task_s=extra_task_s,
         visibility_margin_s=visibility_margin_s,
     )
+    for key, before, after in overridden_settings(app, settings):
+        logger.warning(
+            "configure_worker replaces %s = %r, set on app %r, by %r for every task: %s",
+            key,
+            before,
+            app.main,
+            after,
+            WHY.get(key, "governed tasks rely on it"),
+        )
     app.conf.update(settings)
     register_config(app, config, hooks)
     _connect_signals(app)
     return settings
+
+
+WHY = {
+    "task_acks_late": "a task is acknowledged once its outcome is stored (at least once)",
+    "task_reject_on_worker_lost": "a lost worker's task is redelivered, not failed",
+    "worker_prefetch_multiplier": "one reserved task per process: none waits behind a stall",
+    "task_serializer": "Celery messages are JSON only",
+    "result_serializer": "Celery messages are JSON only",
+    "accept_content": "Celery messages are JSON only",
+    "result_accept_content": "Celery messages are JSON only",
+    "event_serializer": "Celery messages are JSON only",
+    "worker_cancel_long_running_tasks_on_connection_loss": "its cancel loses tasks (README)",
+    "result_backend_always_retry": "a result stored during a Redis restart is retried",
+    "task_publish_retry_policy": "publishes from a task ride out a broker restart",
+}
+_KEPT = {"task_soft_time_limit", "task_time_limit", "broker_transport_options"}  # merged
+
+
+def overridden_settings(app: Celery, settings: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, the app's value, ours) for each setting the user set explicitly (its value is
+    not Celery's default) that `settings` would replace by another value."""
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return list(a) == list(b)
+        return bool(a == b)
+
+    found = []
+    for key, ours in settings.items():
+        if key in _KEPT:
+            continue
+        theirs = app.conf.get(key)
+        if not same(theirs, DEFAULTS.get(key)) and not same(theirs, ours):
+            found.append((key, theirs, ours))
+    return found
 
 
 def worker_settings(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import textwrap
 from collections.abc import Mapping
 from typing import Any
@@ -19,10 +20,10 @@ from pydantic import BaseModel, SecretStr
 
 from polygate_celery.cli.config_warnings import Advice, config_warnings
 from polygate_celery.cli.context import config_error
-from polygate_celery.cli.errors import Commands
+from polygate_celery.cli.errors import CliError, Commands
 from polygate_celery.cli.redaction import MASK, redact_url
 from polygate_celery.config.gateway import GatewayConfig
-from polygate_celery.config.loading import load_config
+from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
 from polygate_celery.core.policy import policy_for
 from polygate_celery.errors import ConfigError
 
@@ -33,7 +34,12 @@ def add_command(commands: Commands) -> None:
     parser = commands.add_parser(
         "check-config", help="validate a configuration and show what it resolves to"
     )
-    parser.add_argument("file", metavar="FILE", help="the TOML configuration file")
+    parser.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="?",
+        help=f"the TOML configuration file (default: ${CONFIG_PATH_ENV})",
+    )
     parser.add_argument(
         "--calls-per-task",
         type=_positive_int,
@@ -55,11 +61,14 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    path = args.file or os.environ.get(CONFIG_PATH_ENV)
+    if not path:
+        raise CliError(f"no configuration: give FILE or set {CONFIG_PATH_ENV}")
     try:
-        config = load_config(args.file)
+        config = load_config(path)
     except ConfigError as exc:
         raise config_error(exc) from None
-    print(f"# {args.file}: valid. The effective configuration (the file, then POLYGATE_*")
+    print(f"# {path}: valid. The effective configuration (the file, then POLYGATE_*")
     print("# environment variables; defaults merged; secrets redacted):\n")
     print(effective_configuration(config))
     print()

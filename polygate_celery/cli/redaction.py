@@ -12,8 +12,23 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 MASK = "***"
 
 
+def _parses(url: str) -> bool:
+    """Whether `url` splits as written: a password holding ``#``, ``/`` or ``?`` unescaped
+    cuts the URL elsewhere, and where its password ends can no longer be told."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        return False
+    return not parts.fragment
+
+
 def redact_url(url: str) -> str:
-    """`url` with its password replaced by ``***`` (the user name stays: it is not secret)."""
+    """`url` with its password replaced by ``***`` (the user name stays: it is not secret);
+    all of it but the scheme when it does not parse."""
+    if not _parses(url):
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme}://{MASK}" if sep else MASK
     parts = urlsplit(url)
     netloc = parts.netloc
     userinfo, at, hostport = netloc.rpartition("@")
@@ -49,7 +64,12 @@ def scrub(text: str, *secrets: str) -> str:
 
 
 def url_secrets(url: str) -> tuple[str, ...]:
-    """The password `url` carries, as written and decoded (to scrub messages we did not write)."""
+    """The password `url` carries, as written and decoded (to scrub messages we did not write);
+    all of it after the scheme when it does not parse."""
+    if not _parses(url):
+        rest = url.partition("://")[2] or url
+        userinfo = rest.rpartition("@")[0]
+        return tuple(s for s in (rest, userinfo, userinfo.partition(":")[2]) if s)
     parts = urlsplit(url)
     found = [v for k, v in parse_qsl(parts.query) if k.lower() == "password"]
     if parts.password:

@@ -57,7 +57,10 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 def config_error(exc: ValidationError) -> ConfigError:
     """A `ConfigError` listing every problem of `exc` by field path, without input values."""
-    problems = [(_field_path(e["loc"]), e["msg"]) for e in exc.errors(include_input=False)]
+    problems = [
+        (_field_path(e["loc"]), e["msg"].removeprefix("Value error, "))
+        for e in exc.errors(include_input=False)
+    ]
     return ConfigError(problems[0][0], problems[0][1], problems)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -24,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from redis.connection import parse_url
 
 from polygate_celery.core.policy import Kind
 from polygate_celery.core.terms import RpmWindow
@@ -244,6 +246,42 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_redis_url(url: str) -> None:
+    """Raise ValueError (never quoting the URL: it may hold a password) unless `url` is
+    one redis-py can open: ``redis://``, ``rediss://`` (TLS) or ``unix://`` (a socket)."""
+    example = "write redis://[:PASSWORD@]HOST:PORT/DB"
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        raise ValueError(f"the URL has no scheme; {example}")
+    if scheme.lower() not in REDIS_SCHEMES:
+        raise ValueError(
+            f"scheme {scheme!r} is not one the store can use (redis://, rediss://, unix://); "
+            + example
+        )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        raise ValueError(
+            "the URL does not parse (a password holding '#', '/', '?' or '@' must be "
+            f"percent-encoded, e.g. '#' as %23); {example}"
+        ) from None
+    if scheme.lower() == "unix":
+        if not parts.path:
+            raise ValueError("a unix:// URL needs the socket's path: unix:///path/to/redis.sock")
+    elif not parts.hostname:
+        raise ValueError(f"the URL has no host; {example}")
+    elif parts.path not in ("", "/") and not parts.path.lstrip("/").isdigit():
+        raise ValueError(f"the database must be a number (the URL's path); {example}")
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]  # redis-py reads the query, too
+    except ValueError as exc:
+        raise ValueError(f"{exc} ({example})") from None
+
+
 class StoreConfig(_Strict):
     """Where governance state lives: Redis for a fleet, memory for one process."""
 
@@ -260,6 +298,13 @@ class StoreConfig(_Strict):
         2.0, description="Redis reply timeout: a call fails closed within about this"
     )
     connect_timeout_s: PositiveSeconds = Field(2.0, description="Redis connect timeout")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _a_url_the_store_can_use(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_redis_url(value.get_secret_value())
+        return value
 
 
 class DeferralConfig(_Strict):

@@ -44,3 +44,13 @@ def test_messages_are_scrubbed_of_the_password_as_written_and_decoded() -> None:
     secrets = url_secrets("redis://:p%40ss@host/0")
     assert scrub("auth p@ss failed, p%40ss", *secrets) == "auth *** failed, ***"
     assert url_secrets("redis://host/0") == ()
+
+
+def test_a_url_that_does_not_parse_is_masked_whole() -> None:
+    """An unescaped '#' in the password ends the URL's host part early: where the password
+    ends cannot be told, so all but the scheme is masked, and scrubbed from messages."""
+    url = "redis://:p4ss#w0rd@redis:6379/0"
+    assert redact_url(url) == "redis://***"
+    assert scrub(f"cannot reach {url} (p4ss#w0rd)", *url_secrets(url)) == (
+        "cannot reach redis://*** (***)"
+    )

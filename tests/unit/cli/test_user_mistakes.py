@@ -63,6 +63,41 @@ def test_an_invalid_configuration_names_its_field(
     assert line.startswith("error: invalid configuration: sources.hosted.max_concurrency: ")
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("127.0.0.1:6391", "the URL has no scheme"),
+        ("sentinel://127.0.0.1:26379", "scheme 'sentinel' is not one the store can use"),
+        ("redis+cluster://127.0.0.1:7000", "scheme 'redis+cluster' is not one the store can use"),
+        (f"redis://:{PASSWORD}#1@127.0.0.1:6379/0", "must be percent-encoded, e.g. '#' as %23"),
+        ("redis://127.0.0.1:6379/zero", "the database must be a number"),
+    ],
+)
+def test_a_redis_url_the_store_cannot_use_is_refused_at_load(
+    cli: Cli, tmp_path: Path, url: str, says: str
+) -> None:
+    """check-config refuses it (a worker would start, then fail every task), in one line
+    that names the field and shows the form to write, never the password."""
+    line = cli("check-config", store_config(tmp_path, url)).error_line
+    assert line.startswith("error: invalid configuration: store.redis_url: ")
+    assert says in line
+    assert "write redis://[:PASSWORD@]HOST:PORT/DB" in line or "%23" in line
+    assert PASSWORD not in line
+
+
+def test_check_config_reads_POLYGATE_CONFIG_without_a_file(
+    cli: Cli, local_config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLYGATE_CONFIG", local_config)
+    ran = cli("check-config")
+    assert ran.code == 0, ran
+    assert ran.out.startswith(f"# {local_config}: valid.")
+    monkeypatch.delenv("POLYGATE_CONFIG")
+    assert cli("check-config").error_line == (
+        "error: no configuration: give FILE or set POLYGATE_CONFIG"
+    )
+
+
 @pytest.mark.parametrize("command", FLEET_COMMANDS)
 def test_a_missing_configuration_file_is_named(
     cli: Cli, tmp_path: Path, command: list[str]
@@ -92,7 +127,7 @@ def test_an_unknown_scope_is_named(cli: Cli, fleet: Fleet) -> None:
         ["status", "--bogus"],
         ["source"],
         ["source", "pause", "hosted"],
-        ["check-config"],
+        ["check-config", "a.toml", "extra"],
     ],
 )
 def test_bad_arguments_are_one_line(cli: Cli, argv: list[str]) -> None:
