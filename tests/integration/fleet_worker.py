@@ -107,6 +107,11 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
         source = StatusSource(spec.get("step", "ok"))
     gateway = Gateway(config, dict.fromkeys(spec.get("sources", ["w"]), source), store=store)
     outcomes: dict[str, int] = {}
+    if spec.get("go_key"):  # ready, then wait for the test's go (start-up is not timed)
+        client = redis_client(spec["redis_url"])
+        await client.rpush(spec["ready_key"], "1")
+        await client.blpop([spec["go_key"]], timeout=120)
+        await client.aclose()
     started = time.monotonic()
 
     async def caller() -> None:

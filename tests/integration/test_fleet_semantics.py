@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from polygate_celery.store.redis import RedisStore
+from polygate_celery.store.redis import RedisStore, redis_client
 from tests.integration.conftest import result_of, run_workers, spawn_worker
 
 
@@ -37,19 +37,29 @@ async def test_a_retry_after_seen_by_one_process_pauses_the_source_for_another(
 
 async def paused_call(redis_url: str, prefix: str, *, keeper: bool) -> dict[str, Any]:
     """Process B waits 6 s for its paused source, with a 2 s stall window; process A
-    (if `keeper`) succeeds in the same scope every 0.5 s through another source."""
-    store = RedisStore.from_url(redis_url, prefix=prefix)
-    paused_at = time.monotonic()
-    await store.pause_source("x", 6.0)
-    await store.aclose()
+    (if `keeper`) succeeds in the same scope every 0.5 s through another source. The pause
+    is set once both processes are ready: their start-up (seconds on a busy machine) must
+    not eat into it."""
+    signals = {"ready_key": f"{prefix}:ready", "go_key": f"{prefix}:go"}
     waiter = await spawn_worker(
-        spec(redis_url, prefix, sources=["x"], kind="chat", stall_window_s=2, poll_interval_s=0.2)
-    )
+        spec(redis_url, prefix, sources=["x"], kind="chat", stall_window_s=2,
+             poll_interval_s=0.2, **signals)
+    )  # fmt: skip
     other = None
     if keeper:
         other = await spawn_worker(
-            spec(redis_url, prefix, sources=["y"], calls=20, pace_s=0.5, poll_interval_s=0.2)
-        )
+            spec(redis_url, prefix, sources=["y"], calls=20, pace_s=0.5, poll_interval_s=0.2,
+                 **signals)
+        )  # fmt: skip
+    client = redis_client(redis_url)
+    for _ in range(2 if keeper else 1):
+        assert await client.blpop([signals["ready_key"]], timeout=120) is not None
+    store = RedisStore.from_url(redis_url, prefix=prefix)
+    await store.pause_source("x", 6.0)
+    await store.aclose()
+    paused_at = time.monotonic()
+    await client.rpush(signals["go_key"], *["go"] * (2 if keeper else 1))
+    await client.aclose()
     result = await result_of(waiter)
     result["since_pause_s"] = time.monotonic() - paused_at
     if other is not None:
@@ -66,6 +76,6 @@ async def test_progress_in_one_process_keeps_another_out_of_the_stall_verdict(
     )
     assert kept["outcomes"] == {"success": 1}  # waited out the pause: the scope was alive
     assert kept["since_pause_s"] >= 6.0
-    assert kept["seconds"] > 2 * 2  # well past its own 2 s stall window (start-up aside)
+    assert kept["seconds"] > 2 * 2  # well past its own 2 s stall window
     assert alone["outcomes"]["stalled"] == 1  # nothing anywhere made progress
     assert alone["seconds"] < 4.0
