@@ -1,0 +1,77 @@
+"""The README's quick start runs as written: its `tasks.py` and `polygate.toml` blocks are
+written to a directory as they are, its two commands are run there (a real `celery worker`
+on Redis, then the client line), against the simulated provider serving the models the
+configuration names. Only the environment differs: ``POLYGATE_*`` overrides point the store
+and the sources at the test's Redis and simulator, as the README says they may."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+
+from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART_DB = 14  # broker, results and governance of the quick start: emptied afterwards
+
+
+def quickstart_blocks() -> dict[str, str]:
+    """The quick start's code blocks: by the file named on their first line, and "sh"."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks: dict[str, str] = {}
+    for lang, body in re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S):
+        first = body.splitlines()[0]
+        named = re.match(r"#\s*(\S+\.(?:py|toml))$", first)
+        blocks[named.group(1) if named else lang] = body
+    return blocks
+
+
+@pytest.fixture
+def quickstart_redis(redis_url: str) -> Iterator[str]:
+    url = redis_url.rsplit("/", 1)[0] + f"/{QUICKSTART_DB}"
+    yield url
+    sync_redis.Redis.from_url(url).flushdb()
+
+
+def test_the_quick_start_runs_as_written(quickstart_redis: str, tmp_path: Path) -> None:
+    blocks = quickstart_blocks()
+    assert {"tasks.py", "polygate.toml", "sh"} <= blocks.keys(), blocks.keys()
+    (tmp_path / "tasks.py").write_text(blocks["tasks.py"])
+    (tmp_path / "polygate.toml").write_text(blocks["polygate.toml"])
+    worker_line, client_line = blocks["sh"].strip().splitlines()
+    models = re.findall(r'^model = "([^"]+)"', blocks["polygate.toml"], flags=re.M)
+    with SimulatedProvider(dict.fromkeys(models, ModelBehaviour(reply="a summary"))) as sim:
+        env = {
+            **os.environ,
+            "POLYGATE_STORE__REDIS_URL": quickstart_redis,
+            "POLYGATE_SOURCES__VLLM__BASE_URL": sim.url,
+            "POLYGATE_SOURCES__HOSTED__BASE_URL": sim.url,
+            "OPENAI_API_KEY": "sk-quickstart-not-a-real-key",
+        }
+        bin_dir = Path(sys.executable).parent
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"  # `celery` and `python`
+        worker = subprocess.Popen(
+            shlex.split(worker_line), cwd=tmp_path, env=env, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            client = subprocess.run(
+                shlex.split(client_line), cwd=tmp_path, env=env, capture_output=True,
+                text=True, timeout=120, check=False,
+            )  # fmt: skip
+        finally:
+            worker.terminate()
+            log, _ = worker.communicate(timeout=60)
+        served = [e.model for e in sim.journal if e.outcome == "ok"]
+    assert client.returncode == 0, (client.stderr[-3000:], log.decode()[-3000:])
+    assert client.stdout.strip() == "a summary"
+    assert served == [models[0]]  # the first source in the scope's order
