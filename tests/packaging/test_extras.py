@@ -53,7 +53,9 @@ def run(command: list[str], cwd: Path, timeout: float = 600, **env: str) -> str:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    run([uv(), "build", "--wheel", "--out-dir", str(out), str(ROOT)], ROOT)
+    # The sdist first, then the wheel from it (uv's default): a wheel built straight from
+    # the tree would take stale modules from setuptools' build/ directory too.
+    run([uv(), "build", "--out-dir", str(out), str(ROOT)], ROOT)
     (built,) = out.glob("polygate_celery-*.whl")
     return built
 
