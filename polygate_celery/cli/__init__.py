@@ -15,8 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from polygate_celery import __version__
-from polygate_celery.cli import check_config, demo, source, status
+from polygate_celery.cli import check_config, source, status
 from polygate_celery.cli.errors import ArgumentParser, CliError, report
+from polygate_celery.demo import cli as demo
 
 INTERRUPTED = 130
 BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that left

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from polygate_celery.cli import main
-from polygate_celery.pipeline_demo import DemoError, run
+from polygate_celery.demo.pipeline import DemoError, run
 
 
 def test_the_demo_accounts_for_every_task_on_an_embedded_redis(
@@ -61,6 +61,6 @@ def test_the_command_runs_the_pipeline_demo(
         seen.update(options)
         return 0
 
-    monkeypatch.setattr("polygate_celery.pipeline_demo.run", recorded)
+    monkeypatch.setattr("polygate_celery.demo.pipeline.run", recorded)
     assert main(["demo", "--documents", "3", "--pages", "2", "--timeout", "90"]) == 0
     assert seen == {"documents": 3, "pages": 2, "redis_url": None, "timeout_s": 90.0}

@@ -113,6 +113,19 @@ def test_the_prometheus_extra_renders_the_metrics(wheel: Path, tmp_path: Path) -
     assert "prometheus metrics:" in run([str(python), "smoke_prometheus.py"], tmp_path)
 
 
+def test_the_demo_extra_runs_the_demo_on_its_embedded_redis(wheel: Path, tmp_path: Path) -> None:
+    """From the installed package alone (no clone): its example, its embedded Redis."""
+    python = install(wheel, "demo", tmp_path)
+    cli = python.parent / "polygate-celery"
+    out = run(
+        [str(cli), "demo", "--documents", "2", "--pages", "1", "--timeout", "240"],
+        tmp_path,
+        timeout=300,
+        POLYGATE_REDIS_URL="",
+    )
+    assert "6 of 6 tasks accounted for" in out, out[-2000:]
+
+
 def test_the_bench_extra_brings_what_the_benchmarks_import(wheel: Path, tmp_path: Path) -> None:
     python = install(wheel, "bench", tmp_path)
     check = (

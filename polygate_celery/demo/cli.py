@@ -1,7 +1,7 @@
 """Edge (CLI): `polygate-celery demo`, the main job.
 
 By default it runs the example pipeline end to end on a private setup
-(`polygate_celery.pipeline_demo`): a Redis (``--redis-url``, else
+(`polygate_celery.demo.pipeline`): a Redis (``--redis-url``, else
 ``$POLYGATE_REDIS_URL``, else an embedded server), a simulated provider and a
 real Celery worker. ``--offline`` runs the governance loop alone on a
 simulated workload in virtual time instead, with nothing started.
@@ -13,8 +13,8 @@ import argparse
 import asyncio
 import sys
 
-from polygate_celery import pipeline_demo
 from polygate_celery.cli.errors import CliError, Commands
+from polygate_celery.demo import pipeline as pipeline_demo
 
 
 def add_command(commands: Commands) -> None:
@@ -66,7 +66,7 @@ def _at_least_one(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.offline:
-        from polygate_celery.demo import run_demo  # noqa: PLC0415
+        from polygate_celery.demo.offline import run_demo  # noqa: PLC0415
 
         return 1 if asyncio.run(run_demo(sys.stdout, args.seconds)) else 0
     try:

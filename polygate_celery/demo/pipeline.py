@@ -3,11 +3,12 @@
 It starts what the pipeline needs, unless told otherwise: a Redis (the one at
 ``$POLYGATE_REDIS_URL``, else an embedded server on a free port), a simulated
 OpenAI-compatible provider whose summariser has a 60-RPM quota and goes down
-for a while in the middle, and a Celery worker process running
-``examples/pipeline/tasks.py``. It sends a few hundred tasks (OCR every page,
-embed it, summarise each document), shows their progress live, ends with a
-summary in which every task is accounted for, and stops everything it started,
-also on Ctrl-C.
+for a while in the middle, and a Celery worker process running the example's
+``tasks.py`` (`polygate_celery.demo.example`, ``examples/pipeline`` in the
+repository; shipped with the package, so a pip install runs it too). It sends a
+few hundred tasks (OCR every page, embed it, summarise each document), shows their
+progress live, ends with a summary in which every task is accounted for, and stops
+everything it started, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -40,13 +41,8 @@ class DemoError(Exception):
     """A problem the user can fix; reported in one line."""
 
 
-def repository_root() -> Path:
-    for candidate in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        if (candidate / "examples" / "pipeline" / "tasks.py").exists():
-            return candidate
-    raise DemoError(
-        "the demo runs examples/pipeline from a clone of the repository: run it from there"
-    )
+EXAMPLE = Path(__file__).resolve().parent / "example"
+TASKS = "polygate_celery.demo.example.tasks"
 
 
 @dataclass
@@ -96,12 +92,12 @@ class Tracker:
 
 
 @contextlib.contextmanager
-def worker_process(root: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    command = [sys.executable, "-m", "celery", "-A", "examples.pipeline.tasks", "worker",
+def worker_process(env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    command = [sys.executable, "-m", "celery", "-A", TASKS, "worker",
                "--pool", "threads", "--concurrency", "24", "--loglevel", "ERROR",
                "--without-heartbeat", "--without-mingle", "--without-gossip"]  # fmt: skip
     process = subprocess.Popen(
-        command, cwd=root, env=env, start_new_session=True,
+        command, env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -132,7 +128,6 @@ def run(
     """Run the demo; 0 when every task is accounted for, 1 otherwise. Raises `DemoError`."""
     from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider  # noqa: PLC0415
 
-    root = repository_root()
     started = time.monotonic()
     url = redis_url or os.environ.get("POLYGATE_REDIS_URL")
     with contextlib.ExitStack() as stack:
@@ -143,21 +138,21 @@ def run(
         else:
             url = stack.enter_context(EmbeddedRedis()).url
             where = f"an embedded server on port {_where(url).rsplit(':', 1)[-1]}"
-        models = json.loads((root / "examples/pipeline/models.json").read_text())
+        models = json.loads((EXAMPLE / "models.json").read_text())
         for model in ("summariser", "summariser-small"):
             models[model]["outages"] = [list(outage)]
         models["summariser"]["rpm"] = 50  # a little below the 60 configured: some 429s
         provider = stack.enter_context(
             SimulatedProvider({k: ModelBehaviour.from_dict(v) for k, v in models.items()})
         )
-        env = _worker_env(root, url, provider.url)
-        worker = stack.enter_context(worker_process(root, {**os.environ, **env}))
+        env = _worker_env(url, provider.url)
+        worker = stack.enter_context(worker_process({**os.environ, **env}))
         print(f"polygate_celery demo: Redis at {where}; simulated provider at {provider.url};"
               f" a worker (threads pool, 24).", file=out)  # fmt: skip
         print(f"The summariser is configured for 60 requests a minute but allows 50; it and "
               f"its small fallback (2 at a time) are down from {outage[0]:.0f} s to "
               f"{outage[1]:.0f} s, longer than the 6 s stall window.\n", file=out)  # fmt: skip
-        app, tracker = _send(root, env, documents, pages)
+        app, tracker = _send(env, documents, pages)
         print(f"Sent {documents} documents of {pages} pages: {tracker.total} tasks.\n", file=out)
         _watch(app, tracker, provider, worker, out, started, timeout_s)
         _summary(tracker, provider, out, time.monotonic() - started)
@@ -171,23 +166,20 @@ def _where(url: str) -> str:
     return tail.split("/", 1)[0]
 
 
-def _worker_env(root: Path, redis_url: str, provider_url: str) -> dict[str, str]:
+def _worker_env(redis_url: str, provider_url: str) -> dict[str, str]:
     env = {
-        "POLYGATE_CONFIG": str(root / "examples/pipeline/polygate.toml"),
+        "POLYGATE_CONFIG": str(EXAMPLE / "polygate.toml"),
         "POLYGATE_STORE__REDIS_URL": redis_url,
         "POLYGATE_STORE__KEY_PREFIX": f"demo-{uuid.uuid4().hex[:8]}",
         "POLYGATE_SCOPES__SUMMARISE__STALL_WINDOW_S": "6",
         "POLYGATE_DEFERRAL__MAX_DELAY_S": "8",
-        "PYTHONPATH": str(root),
     }
     for source in SOURCES:
         env[f"POLYGATE_SOURCES__{source.upper()}__BASE_URL"] = provider_url
     return env
 
 
-def _send(root: Path, env: dict[str, str], documents: int, pages: int) -> tuple[Any, Tracker]:
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+def _send(env: dict[str, str], documents: int, pages: int) -> tuple[Any, Tracker]:
     tasks = _import_tasks(env)
     tracker = Tracker()
     for document in range(documents):
@@ -203,10 +195,10 @@ def _import_tasks(env: dict[str, str]) -> Any:
     under `env`, which is then taken back out of this process's environment.
     """
     saved = {name: os.environ.get(name) for name in env}
-    sys.modules.pop("examples.pipeline.tasks", None)
+    sys.modules.pop(TASKS, None)
     os.environ.update(env)
     try:
-        return importlib.import_module("examples.pipeline.tasks")
+        return importlib.import_module(TASKS)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -285,8 +277,27 @@ def _summary(tracker: Tracker, provider: Any, out: TextIO, elapsed: float) -> No
         total = sum(n for (m, _), n in by_model.items() if m == model)
         print(f"  {model:16s} {total:6d} {by_model[(model, 200)]:5d} {by_model[(model, 429)]:5d}"
               f" {by_model[(model, 503)]:5d}", file=out)  # fmt: skip
-    accounted = sum(tracker.counts(s)["succeeded"] + tracker.counts(s)["failed"] for s in SCOPES)
-    print(f"\n{accounted} of {tracker.total} tasks accounted for "
-          f"(deferred tasks ran again and finished; none lost).", file=out)  # fmt: skip
-    print("Next: README.md (how it works, deployment), examples/pipeline (the code you just ran),"
-          " polygate-celery status (a live view of the governance state).", file=out)  # fmt: skip
+    print("\n" + closing_line(tracker), file=out)
+    print(f"Next: README.md (how it works, deployment); the code you just ran: {EXAMPLE}"
+          " (examples/pipeline in the repository); polygate-celery status (a live view of the"
+          " governance state).", file=out)  # fmt: skip
+
+
+def closing_line(tracker: Tracker) -> str:
+    """What became of the tasks, from what the demo saw (not what it hoped to show)."""
+    succeeded = sum(tracker.counts(s)["succeeded"] for s in SCOPES)
+    failed = sum(tracker.counts(s)["failed"] for s in SCOPES)
+    accounted = succeeded + failed
+    line = f"{accounted} of {tracker.total} tasks accounted for: {succeeded} succeeded"
+    line += f", {failed} failed" if failed else ""
+    deferred = len(tracker.ever_deferred)
+    if deferred:
+        again = sum(1 for i in tracker.ever_deferred if tracker.states.get(i) == "SUCCESS")
+        line += (
+            f"; {deferred} were deferred ({sum(tracker.deferrals.values())} deferrals in all), "
+            f"{again} of them ran again and succeeded"
+        )
+    else:
+        line += "; none was deferred"
+    lost = tracker.total - accounted
+    return line + (f"; {lost} NOT accounted for." if lost else "; none lost.")

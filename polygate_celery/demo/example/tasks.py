@@ -1,10 +1,12 @@
 """The pipeline's Celery tasks: OCR every page, embed its chunks, summarise the document.
 
-Run a worker from the repository root::
+Run a worker (from the repository root, or anywhere with the package installed)::
 
     celery -A examples.pipeline.tasks worker --pool threads --concurrency 16
+    celery -A polygate_celery.demo.example.tasks worker --pool threads --concurrency 16
 
-and send documents with `process` (see README.md beside this file).
+and send documents with `process` (see README.md beside this file). The tasks carry
+explicit names (``pipeline.*``), so both module paths name the same tasks.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ configure_worker(app, CONFIG)
 CHUNK = 400
 
 
-@app.task
+@app.task(name="pipeline.ocr_page")
 @governed("ocr")
 def ocr_page(calls: GovernedCalls, document_id: str, page: int, image_b64: str) -> str:
     """The text of one scanned page."""
-    return calls.ocr(base64.b64decode(image_b64)).value.text
+    return str(calls.ocr(base64.b64decode(image_b64)).value.text)
 
 
-@app.task
+@app.task(name="pipeline.embed_page")
 @governed("embed")
 def embed_page(calls: GovernedCalls, text: str) -> str:
     """Embed a page's chunks in one batched request; pass its text on."""
@@ -44,7 +46,7 @@ def embed_page(calls: GovernedCalls, text: str) -> str:
     return text
 
 
-@app.task
+@app.task(name="pipeline.summarise")
 @governed("summarise", reuse_results=True)
 def summarise(calls: GovernedCalls, pages: list[str], document_id: str) -> str:
     """A summary of the whole document, from its pages' text."""
@@ -52,7 +54,7 @@ def summarise(calls: GovernedCalls, pages: list[str], document_id: str) -> str:
         {"role": "system", "content": "Summarise the document in three sentences."},
         {"role": "user", "content": "\n\n".join(pages)},
     ]
-    return calls.chat(prompt, max_tokens=200).value.text
+    return str(calls.chat(prompt, max_tokens=200).value.text)
 
 
 def process(
