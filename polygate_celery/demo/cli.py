@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from polygate_celery.cli.errors import CliError, Commands
 from polygate_celery.demo import pipeline as pipeline_demo
@@ -41,6 +42,10 @@ def add_command(commands: Commands) -> None:
     parser.add_argument(
         "--timeout", type=_at_least_one, default=300, metavar="SECONDS",
         help="give up after this long (default 300)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--plot", metavar="FILE", type=Path,
+        help="draw the run's timeline (requests, 429s, 503s, deferrals per second) as a PNG",
     )  # fmt: skip
     parser.add_argument(
         "--offline",
@@ -75,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             pages=args.pages,
             redis_url=args.redis_url,
             timeout_s=float(args.timeout),
+            plot=args.plot,
         )
     except pipeline_demo.DemoError as error:
         raise CliError(str(error)) from None

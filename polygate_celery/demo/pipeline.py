@@ -23,17 +23,22 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from polygate_celery.demo.display import Display, Frame, ScopeState, plot_timeline
 from polygate_celery.embedded import EmbeddedRedis, answers
 
 SCOPES = ("ocr", "embed", "summarise")
 SOURCES = {"vision": "vision-ocr", "embedder": "embedder", "summariser": "summariser",
            "summariser_small": "summariser-small"}  # fmt: skip
-OUTAGE = (8.0, 26.0)  # both summarisers are down for this window (s after the provider starts)
+# Both summarisers are down for this window, in seconds after the summariser's first request:
+# whatever the machine's speed, the outage meets the summaries (3x the 6 s stall window).
+OUTAGE = (0.0, 18.0)
+PROVIDER_RPM = 30  # the summariser's real quota; the configuration says 60: 429s to handle
+MAX_DELAY_S = 8  # the demo's deferral.max_delay_s: a deferred task is back within this
 TERMINAL = {"SUCCESS", "FAILURE", "REVOKED"}
 
 
@@ -53,6 +58,7 @@ class Tracker:
     states: dict[str, str] = field(default_factory=dict)
     deferrals: Counter[str] = field(default_factory=Counter)
     ever_deferred: set[str] = field(default_factory=set)
+    deferral_times: list[tuple[float, str]] = field(default_factory=list)  # (t, scope)
 
     def name(self, step: str, page: int) -> str:
         task_id = f"{step}-{uuid.uuid4().hex[:12]}"
@@ -63,8 +69,10 @@ class Tracker:
     def total(self) -> int:
         return sum(len(ids) for ids in self.ids.values())
 
-    def poll(self, app: Any) -> None:
-        for ids in self.ids.values():
+    def poll(self, app: Any, now: float) -> None:
+        """Read every unfinished task's state; `now` (the provider's time) dates the
+        deferrals seen since the last poll."""
+        for scope, ids in self.ids.items():
             for task_id in ids:
                 if self.states.get(task_id) in TERMINAL:
                     continue
@@ -74,7 +82,10 @@ class Tracker:
                 if state == "DEFERRED" and isinstance(result.info, dict):
                     self.ever_deferred.add(task_id)
                     seen = int(result.info.get("deferrals", 0))
-                    self.deferrals[task_id] = max(self.deferrals[task_id], seen)
+                    new = seen - self.deferrals[task_id]
+                    if new > 0:
+                        self.deferrals[task_id] = seen
+                        self.deferral_times += [(now, scope)] * new
 
     def counts(self, scope: str) -> Counter[str]:
         states = Counter(self.states.get(i, "PENDING") for i in self.ids[scope])
@@ -85,6 +96,17 @@ class Tracker:
             waiting=len(self.ids[scope]) - states["SUCCESS"] - states["DEFERRED"]
             - states["FAILURE"] - states["REVOKED"],
         )  # fmt: skip
+
+    def scope_state(self, scope: str) -> ScopeState:
+        c = self.counts(scope)
+        return ScopeState(
+            scope,
+            len(self.ids[scope]),
+            c["succeeded"],
+            c["failed"],
+            c["deferred"],
+            sum(self.deferrals[i] for i in self.ids[scope]),
+        )
 
     @property
     def done(self) -> bool:
@@ -116,7 +138,31 @@ def page_images(document: int, pages: int) -> list[bytes]:
     return [bytes([document % 251]) * (3000 + 997 * page) for page in range(pages)]
 
 
-def run(
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a run of the demo did, counted from the tasks' states and the provider's journal."""
+
+    tasks: int
+    succeeded: int
+    failed: int
+    deferred_tasks: int
+    deferrals: int
+    limited: int  # answers 429
+    down: int  # answers 503
+    recovery_s: float | None  # the outage's end to the first summary served after it
+    elapsed_s: float
+
+    @property
+    def lost(self) -> int:
+        return self.tasks - self.succeeded - self.failed
+
+
+def run(**options: Any) -> int:
+    """Run the demo (`run_pipeline`'s options); 0 when every task is accounted for, else 1."""
+    return 0 if run_pipeline(**options).lost == 0 else 1
+
+
+def run_pipeline(
     *,
     documents: int = 40,
     pages: int = 5,
@@ -124,8 +170,12 @@ def run(
     out: TextIO = sys.stdout,
     timeout_s: float = 300.0,
     outage: tuple[float, float] = OUTAGE,
-) -> int:
-    """Run the demo; 0 when every task is accounted for, 1 otherwise. Raises `DemoError`."""
+    plot: Path | None = None,
+) -> Report:
+    """Run the demo and say what it did. Raises `DemoError`.
+
+    `outage` is in seconds after the summariser's first request; `plot`, a PNG to draw
+    the run's timeline to."""
     from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider  # noqa: PLC0415
 
     started = time.monotonic()
@@ -141,7 +191,8 @@ def run(
         models = json.loads((EXAMPLE / "models.json").read_text())
         for model in ("summariser", "summariser-small"):
             models[model]["outages"] = [list(outage)]
-        models["summariser"]["rpm"] = 50  # a little below the 60 configured: some 429s
+            models[model]["outages_from"] = "summariser"
+        models["summariser"]["rpm"] = PROVIDER_RPM
         provider = stack.enter_context(
             SimulatedProvider({k: ModelBehaviour.from_dict(v) for k, v in models.items()})
         )
@@ -149,16 +200,60 @@ def run(
         worker = stack.enter_context(worker_process({**os.environ, **env}))
         print(f"polygate_celery demo: Redis at {where}; simulated provider at {provider.url};"
               f" a worker (threads pool, 24).", file=out)  # fmt: skip
-        print(f"The summariser is configured for 60 requests a minute but allows 50; it and "
-              f"its small fallback (2 at a time) are down from {outage[0]:.0f} s to "
-              f"{outage[1]:.0f} s, longer than the 6 s stall window.\n", file=out)  # fmt: skip
+        print(f"The summariser is configured for 60 requests a minute but allows "
+              f"{PROVIDER_RPM}; it and its small fallback (2 at a time) go down for "
+              f"{outage[1] - outage[0]:.0f} s from the first summary request, longer than the "
+              f"6 s stall window.\n", file=out)  # fmt: skip
         app, tracker = _send(env, documents, pages)
         print(f"Sent {documents} documents of {pages} pages: {tracker.total} tasks.\n", file=out)
         _watch(app, tracker, provider, worker, out, started, timeout_s)
-        _summary(tracker, provider, out, time.monotonic() - started)
-        accounted = sum(tracker.counts(s)["succeeded"] + tracker.counts(s)["failed"]
-                        for s in SCOPES)  # fmt: skip
-        return 0 if accounted == tracker.total else 1
+        _summary(tracker, provider, out, time.monotonic() - started, outage)
+        if plot is not None:
+            plot_timeline(
+                plot,
+                provider.journal,
+                tracker.deferral_times,
+                list(SOURCES.values()),
+                SCOPES,
+                _outage_at(provider, outage),
+            )
+            print(f"Timeline: {plot}", file=out)
+        return _report(tracker, provider.journal, _outage_at(provider, outage), started)
+
+
+def _report(
+    tracker: Tracker, journal: Sequence[Any], outage: tuple[float, float] | None, started: float
+) -> Report:
+    states = [tracker.scope_state(scope) for scope in SCOPES]
+    return Report(
+        tasks=tracker.total,
+        succeeded=sum(s.succeeded for s in states),
+        failed=sum(s.failed for s in states),
+        deferred_tasks=len(tracker.ever_deferred),
+        deferrals=sum(tracker.deferrals.values()),
+        limited=sum(1 for e in journal if e.status == 429),
+        down=sum(1 for e in journal if e.status == 503),
+        recovery_s=_recovery_s(journal, outage),
+        elapsed_s=time.monotonic() - started,
+    )
+
+
+SUMMARISERS = ("summariser", "summariser-small")
+
+
+def _recovery_s(journal: Sequence[Any], outage: tuple[float, float] | None) -> float | None:
+    """Seconds from the outage's end to the first summary served after it, if any."""
+    if outage is None:
+        return None
+    served = [e.at for e in journal if e.model in SUMMARISERS and e.status == 200]
+    after = [at for at in served if at >= outage[1]]
+    return min(after) - outage[1] if after else None
+
+
+def _outage_at(provider: Any, outage: tuple[float, float]) -> tuple[float, float] | None:
+    """The outage in the provider's time, once the summariser's first request set it."""
+    first = provider.first_request_at("summariser")
+    return None if first is None else (first + outage[0], first + outage[1])
 
 
 def _where(url: str) -> str:
@@ -172,7 +267,7 @@ def _worker_env(redis_url: str, provider_url: str) -> dict[str, str]:
         "POLYGATE_STORE__REDIS_URL": redis_url,
         "POLYGATE_STORE__KEY_PREFIX": f"demo-{uuid.uuid4().hex[:8]}",
         "POLYGATE_SCOPES__SUMMARISE__STALL_WINDOW_S": "6",
-        "POLYGATE_DEFERRAL__MAX_DELAY_S": "8",
+        "POLYGATE_DEFERRAL__MAX_DELAY_S": str(MAX_DELAY_S),
     }
     for source in SOURCES:
         env[f"POLYGATE_SOURCES__{source.upper()}__BASE_URL"] = provider_url
@@ -216,47 +311,37 @@ def _watch(
     started: float,
     timeout_s: float,
 ) -> None:
-    live = out.isatty()
-    drawn = 0
-    last_line = 0.0
-    while True:
-        tracker.poll(app)
-        lines = _progress(tracker, provider, time.monotonic() - started)
-        if live:
-            if drawn:
-                out.write(f"\x1b[{drawn}F")
-            out.write("\n".join(f"{line}\x1b[K" for line in lines) + "\n")
-            drawn = len(lines)
-        elif time.monotonic() - last_line >= 5 or tracker.done:
-            out.write(lines[0] + " | " + " | ".join(lines[2:5]) + "\n")
-            last_line = time.monotonic()
-        out.flush()
-        if tracker.done:
-            return
-        if worker.poll() is not None:
-            raise DemoError(f"the worker stopped (exit {worker.returncode})")
-        if time.monotonic() - started > timeout_s:
-            raise DemoError(f"the demo did not finish within {timeout_s:.0f} s")
-        time.sleep(0.5)
+    display = Display(out, [(scope, len(tracker.ids[scope])) for scope in SCOPES])
+    try:
+        while True:
+            now = provider.since_start()
+            tracker.poll(app, now)
+            display.show(_frame(tracker, provider, now), final=tracker.done)
+            if tracker.done:
+                return
+            if worker.poll() is not None:
+                raise DemoError(f"the worker stopped (exit {worker.returncode})")
+            if time.monotonic() - started > timeout_s:
+                raise DemoError(f"the demo did not finish within {timeout_s:.0f} s")
+            time.sleep(0.5)
+    finally:
+        display.close()
 
 
-def _progress(tracker: Tracker, provider: Any, elapsed: float) -> list[str]:
+def _frame(tracker: Tracker, provider: Any, now: float) -> Frame:
     journal = provider.journal
-    limited = sum(1 for entry in journal if entry.status == 429)
-    down = sum(1 for entry in journal if entry.status == 503)
-    flight = "  ".join(f"{s} {provider.in_flight(m)}" for s, m in SOURCES.items())
-    lines = [f"t={elapsed:5.1f}s  provider: {len(journal)} requests, {limited} answered 429, "
-             f"{down} answered 503", f"in flight: {flight}"]  # fmt: skip
-    for scope in SCOPES:
-        c = tracker.counts(scope)
-        lines.append(
-            f"{scope:10s} succeeded {c['succeeded']:4d}  deferred now {c['deferred']:3d}  "
-            f"failed {c['failed']:3d}  waiting {c['waiting']:4d}"
-        )
-    return lines
+    return Frame(
+        t=now,
+        scopes=[tracker.scope_state(scope) for scope in SCOPES],
+        requests=len(journal),
+        limited=sum(1 for entry in journal if entry.status == 429),
+        down=sum(1 for entry in journal if entry.status == 503),
+    )
 
 
-def _summary(tracker: Tracker, provider: Any, out: TextIO, elapsed: float) -> None:
+def _summary(
+    tracker: Tracker, provider: Any, out: TextIO, elapsed: float, outage: tuple[float, float]
+) -> None:
     rows = [("scope", "tasks", "succeeded", "failed", "deferred", "deferrals")]
     for scope in SCOPES:
         c = tracker.counts(scope)
@@ -277,10 +362,44 @@ def _summary(tracker: Tracker, provider: Any, out: TextIO, elapsed: float) -> No
         total = sum(n for (m, _), n in by_model.items() if m == model)
         print(f"  {model:16s} {total:6d} {by_model[(model, 200)]:5d} {by_model[(model, 429)]:5d}"
               f" {by_model[(model, 503)]:5d}", file=out)  # fmt: skip
-    print("\n" + closing_line(tracker), file=out)
+    print("", file=out)
+    for line in recovery_lines(provider.journal, _outage_at(provider, outage)):
+        print(line, file=out)
+    print(closing_line(tracker), file=out)
     print(f"Next: README.md (how it works, deployment); the code you just ran: {EXAMPLE}"
           " (examples/pipeline in the repository); polygate-celery status (a live view of the"
           " governance state).", file=out)  # fmt: skip
+
+
+def recovery_lines(journal: Sequence[Any], outage: tuple[float, float] | None) -> list[str]:
+    """What the outage and the rate limit did, from the provider's journal."""
+    lines = []
+    if outage is None:
+        lines.append("No summary was requested, so the summarisers never went down.")
+    else:
+        down = sum(1 for e in journal if e.model in SUMMARISERS and e.status == 503)
+        line = (
+            f"The summarisers were down from t={outage[0]:.1f} s (the first summary request) "
+            f"to t={outage[1]:.1f} s: {down} requests answered 503"
+        )
+        recovery = _recovery_s(journal, outage)
+        if recovery is not None:
+            line += (
+                f"; the first summary after it was served at t={outage[1] + recovery:.1f} s, "
+                f"{recovery:.1f} s after the recovery (a deferred task comes back "
+                f"within deferral.max_delay_s = {MAX_DELAY_S} s, plus jitter)."
+            )
+        else:
+            line += "; no summary was requested after it."
+        lines.append(line)
+    limited = [e for e in journal if e.model == "summariser" and e.status == 429]
+    if limited:
+        lines.append(
+            f"The summariser answered 429 {_times(len(limited))} (its real quota is "
+            f"{PROVIDER_RPM} a minute): each paused it fleet-wide until its Retry-After; the "
+            "tasks waiting on it were deferred to that time, not retried."
+        )
+    return lines
 
 
 def closing_line(tracker: Tracker) -> str:
@@ -301,3 +420,7 @@ def closing_line(tracker: Tracker) -> str:
         line += "; none was deferred"
     lost = tracker.total - accounted
     return line + (f"; {lost} NOT accounted for." if lost else "; none lost.")
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,18 +16,27 @@ from polygate_celery.demo.pipeline import DemoError, run
 
 
 def test_the_demo_accounts_for_every_task_on_an_embedded_redis(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("POLYGATE_REDIS_URL", raising=False)  # as on a machine without Redis
     out = io.StringIO()
     environment = dict(os.environ)
-    assert run(documents=6, pages=2, out=out, outage=(0.5, 7.5), timeout_s=120) == 0
+    plot = tmp_path / "timeline.png"
+    assert run(documents=6, pages=2, out=out, outage=(0.0, 7.0), timeout_s=120, plot=plot) == 0
     assert dict(os.environ) == environment  # the workers' settings stay theirs
     text = out.getvalue()
     assert "an embedded server" in text
-    assert "30 of 30 tasks accounted for" in text  # 12 OCR + 12 embed + 6 summaries
+    assert "30 of 30 tasks accounted for: 30 succeeded; " in text  # 12 + 12 + 6 summaries
+    assert "none lost." in text
     summary = text.split("Done in", 1)[1]
     assert "summarise      6          6       0" in summary
+    # The outage met the summaries whatever the machine's speed: it began with the first.
+    assert "The summarisers were down from t=" in summary
+    assert "(the first summary request)" in summary
+    assert re.search(r"\d+ requests answered 503", summary)
+    assert "were deferred" in summary
+    assert all(len(line) <= 100 for line in text.split("Sent", 1)[1].split("Done")[0].splitlines())
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_an_unreachable_redis_given_explicitly_is_one_clear_error() -> None:
@@ -63,4 +74,4 @@ def test_the_command_runs_the_pipeline_demo(
 
     monkeypatch.setattr("polygate_celery.demo.pipeline.run", recorded)
     assert main(["demo", "--documents", "3", "--pages", "2", "--timeout", "90"]) == 0
-    assert seen == {"documents": 3, "pages": 2, "redis_url": None, "timeout_s": 90.0}
+    assert seen == {"documents": 3, "pages": 2, "redis_url": None, "timeout_s": 90.0, "plot": None}

@@ -48,6 +48,10 @@ class ModelBehaviour:
     error_rates: Mapping[int, float] = field(default_factory=dict)
     queueing_s: float | None = None
     outages: tuple[tuple[float, float], ...] = ()
+    # Where the outage windows' seconds count from: "start" (the server started), or a
+    # model's name: that model's first request (an outage that meets the traffic whenever
+    # it comes, e.g. a model down from its 1st request for 20 s).
+    outages_from: str = "start"
     retry_after: RetryAfterFormat = "seconds"
     retry_after_s: float | None = None
     reject: RejectKind | None = None
@@ -87,8 +91,12 @@ class ModelBehaviour:
             return max(self.first_token_s, SLOW_FIRST_TOKEN_S)
         return self.first_token_s
 
-    def in_outage(self, since_start_s: float) -> bool:
-        return any(start <= since_start_s < end for start, end in self.outages)
+    def in_outage(self, since_origin_s: float | None) -> bool:
+        """Whether `since_origin_s` (seconds since `outages_from`; None: it has not
+        happened yet) falls in an outage."""
+        if since_origin_s is None:
+            return False
+        return any(start <= since_origin_s < end for start, end in self.outages)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelBehaviour:

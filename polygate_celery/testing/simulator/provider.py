@@ -63,6 +63,10 @@ class SimulatedProvider:
         """Now on the journal's clock: seconds since the server started."""
         return self._simulator.since_start()
 
+    def first_request_at(self, model: str) -> float | None:
+        """When `model` was first asked for (seconds since the server started), if ever."""
+        return self._simulator.first_request_at.get(model)
+
     def reset_journal(self) -> None:
         self._simulator.journal.clear()
 

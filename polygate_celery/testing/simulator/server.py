@@ -121,6 +121,13 @@ class Simulator:
         self.models = dict(models)
         self.journal = Journal()
         self.admissions = {name: Admission(b) for name, b in self.models.items()}
+        self.first_request_at: dict[str, float] = {}  # by model, seconds since start
+        for name, behaviour in self.models.items():
+            if behaviour.outages_from not in ("start", *self.models):
+                raise ValueError(
+                    f"{name}: outages_from {behaviour.outages_from!r} is neither 'start' nor "
+                    "a model of this provider"
+                )
         self._random = random.Random(seed)
         self._serial = itertools.count(1)
         self._started = time.monotonic()
@@ -197,6 +204,12 @@ class Simulator:
         limits = self.admissions[model].limits(self.since_start()) if model else {}
         return ratelimit_headers(behaviour.ratelimit_headers, limits)
 
+    def _since_outage_origin(self, behaviour: ModelBehaviour, at: float) -> float | None:
+        if behaviour.outages_from == "start":
+            return at
+        origin = self.first_request_at.get(behaviour.outages_from)
+        return None if origin is None else at - origin
+
     async def _serve(
         self, endpoint: Endpoint, request: web.Request, visit: Visit
     ) -> web.StreamResponse:
@@ -211,6 +224,7 @@ class Simulator:
         behaviour = self.models.get(model)
         if behaviour is None:
             return self._fail(visit, answers.unknown_model(model))
+        self.first_request_at.setdefault(model, visit.at)
         if behaviour.api_key is not None:
             visit.authorized = _bearer_matches(request, behaviour.api_key)
             if not visit.authorized:
@@ -222,7 +236,7 @@ class Simulator:
         visit.prompt, visit.stream = prompt, prompt.stream
         if behaviour.reject is not None:
             return self._fail(visit, answers.rejection(behaviour.reject, model))
-        if behaviour.in_outage(visit.at):
+        if behaviour.in_outage(self._since_outage_origin(behaviour, visit.at)):
             return self._fail(visit, answers.server_error(503, "503-outage"))
         admission = self.admissions[model]
         if behaviour.queueing_s is not None:

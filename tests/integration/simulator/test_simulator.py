@@ -276,6 +276,26 @@ def test_outage_answers_503_inside_the_window_and_200_after() -> None:
     assert after.status_code == 200
 
 
+def test_an_outage_can_count_from_a_models_first_request() -> None:
+    """``outages_from``: the window opens with the named model's first request, whenever
+    it comes; a model that shares it goes down with it, even before its own first request."""
+    down = {"outages": ((0.0, 0.5),), "outages_from": "m"}
+    models = {"m": ModelBehaviour(**down), "fallback": ModelBehaviour(**down)}
+    with SimulatedProvider(models) as provider:
+        body = {"messages": CHAT}
+        post = f"{provider.url}/chat/completions"
+        before = httpx.post(post, json={**body, "model": "fallback"}, timeout=5)
+        time.sleep(0.6)  # long after the server started: a window from "start" is over
+        first = httpx.post(post, json={**body, "model": "m"}, timeout=5)
+        fallback = httpx.post(post, json={**body, "model": "fallback"}, timeout=5)
+        time.sleep(0.55)
+        after = httpx.post(post, json={**body, "model": "m"}, timeout=5)
+    codes = [r.status_code for r in (before, first, fallback, after)]
+    assert codes == [200, 503, 503, 200]
+    with pytest.raises(ValueError, match="outages_from 'nobody' is neither 'start' nor a model"):
+        SimulatedProvider({"m": ModelBehaviour(outages_from="nobody")}).start()
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
