@@ -22,7 +22,13 @@ from polygate_celery.celery.deferral import DEFERRED, DeferralState, deferral_de
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import DEFERRALS, SUBMISSION, RunIdentity
 from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
-from polygate_celery.celery.runtime import WorkerRuntime, runtime_for
+from polygate_celery.celery.runtime import (
+    RuntimeParts,
+    WorkerRuntime,
+    reset_runtime,
+    runtime_for,
+    set_runtime_parts,
+)
 from polygate_celery.celery.signals import task_deferred
 from polygate_celery.celery.task import PoisonMessage, governed
 from polygate_celery.celery.worker import (
@@ -43,13 +49,16 @@ __all__ = [
     "PoisonMessage",
     "Releaser",
     "RunIdentity",
+    "RuntimeParts",
     "WorkerRuntime",
     "check_eviction_policy",
     "configure_worker",
     "deferral_delay",
     "governed",
     "lot_name",
+    "reset_runtime",
     "runtime_for",
+    "set_runtime_parts",
     "start_release_loop",
     "task_deferred",
     "time_limits",

@@ -18,14 +18,19 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from celery import Celery
 
+from polygate_celery.clock import Clock
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import load_config
 from polygate_celery.governance.gateway import Gateway
+from polygate_celery.sources.base import Source
+from polygate_celery.sources.factory import sources_from_config
+from polygate_celery.store.base import Store
 from polygate_celery.store.factory import store_from_config
 from polygate_celery.store.redis import RedisStore, sync_redis_client
 from polygate_celery.telemetry import Telemetry, TelemetryHook
@@ -40,6 +45,31 @@ _runtimes: dict[int, WorkerRuntime] = {}
 _lock = threading.Lock()
 
 
+@dataclass(frozen=True, slots=True)
+class RuntimeParts:
+    """What a runtime is built with instead of what the configuration describes (tests):
+    `sources` by source name (the others stay the configuration's), a `clock` (a
+    `VirtualClock`), a `store`, and the jitter's `random`."""
+
+    sources: Mapping[str, Source] = field(default_factory=dict)
+    clock: Clock | None = None
+    store: Store | None = None
+    random: Callable[[], float] | None = None
+
+
+_parts: dict[int, RuntimeParts] = {}
+
+
+def set_runtime_parts(app: Celery, parts: RuntimeParts | None) -> None:
+    """Build `app`'s runtimes in this process with `parts` from now on (None: as the
+    configuration says); the current runtime, if any, is closed first."""
+    reset_runtime(app)
+    if parts is None:
+        _parts.pop(id(app), None)
+    else:
+        _parts[id(app)] = parts
+
+
 def register_config(
     app: Celery, config: GatewayConfig, hooks: Sequence[TelemetryHook] = ()
 ) -> None:
@@ -47,6 +77,12 @@ def register_config(
     and the telemetry hooks its runtimes pass every event to."""
     _configs[id(app)] = config
     _hooks[id(app)] = tuple(hooks)
+
+
+def forget_config(app: Celery) -> None:
+    """Undo `register_config` (tests)."""
+    _configs.pop(id(app), None)
+    _hooks.pop(id(app), None)
 
 
 def registered_config(app: Celery) -> GatewayConfig | None:
@@ -64,6 +100,7 @@ def runtime_for(app: Celery) -> WorkerRuntime:
                 app,
                 config if config is not None else load_config(),
                 hooks=_hooks.get(id(app), ()),
+                parts=_parts.get(id(app)),
             )
             _runtimes[id(app)] = runtime
         return runtime
@@ -94,16 +131,31 @@ class WorkerRuntime:
     """
 
     def __init__(
-        self, app: Celery, config: GatewayConfig, *, hooks: Sequence[TelemetryHook] = ()
+        self,
+        app: Celery,
+        config: GatewayConfig,
+        *,
+        hooks: Sequence[TelemetryHook] = (),
+        parts: RuntimeParts | None = None,
     ) -> None:
         self.app = app
         self.config = config
         self.telemetry = Telemetry(hooks)
         self.pid = os.getpid()
+        parts = parts or RuntimeParts()
         # Store and gateway first: one that cannot be built leaves no loop thread behind
         # (each task would otherwise start one more).
-        self.store = store_from_config(config.store)
-        self.gateway = Gateway(config, store=self.store, hooks=hooks, scope_gate=True)
+        self.store = parts.store or store_from_config(config.store, parts.clock)
+        sources = {**sources_from_config(config), **parts.sources} if parts.sources else None
+        self.gateway = Gateway(
+            config,
+            sources,
+            store=self.store,
+            clock=parts.clock,
+            random=parts.random,
+            hooks=hooks,
+            scope_gate=True,
+        )
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

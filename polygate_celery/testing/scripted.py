@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from polygate_celery.clock import Clock
 from polygate_celery.core.outcome import Outcome, OutcomeKind
+from polygate_celery.sources.payloads import ChatResult, EmbeddingResult, OcrResult
 
 StepKind = Literal[
     "ok", "rate_limited", "timeout", "server_error", "fatal", "source_rejected", "auth_rejected"
@@ -40,6 +41,21 @@ class Step:
 
 def ok(value: Any = "ok", *, duration_s: float = 0.0, tokens: int | None = None) -> Step:
     return Step("ok", duration_s, value=value, tokens=tokens)
+
+
+def chat(text: str, *, finish_reason: str = "stop", duration_s: float = 0.0) -> Step:
+    """A chat answer, as ``calls.chat(...).value`` reads it (`ChatResult`)."""
+    return ok(ChatResult(text, finish_reason), duration_s=duration_s)
+
+
+def embedding(vectors: list[list[float]], *, duration_s: float = 0.0) -> Step:
+    """Embeddings, as ``calls.embed(...).value`` reads them (`EmbeddingResult`)."""
+    return ok(EmbeddingResult(vectors), duration_s=duration_s)
+
+
+def ocr(text: str, *, duration_s: float = 0.0) -> Step:
+    """A page's text, as ``calls.ocr(...).value`` reads it (`OcrResult`)."""
+    return ok(OcrResult(text), duration_s=duration_s)
 
 
 def rate_limited(*, duration_s: float = 0.0, retry_after_s: float | None = None) -> Step:

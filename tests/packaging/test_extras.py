@@ -126,6 +126,34 @@ def test_the_demo_extra_runs_the_demo_on_its_embedded_redis(wheel: Path, tmp_pat
     assert "6 of 6 tasks accounted for" in out, out[-2000:]
 
 
+USER_PROJECT_DB = 12  # the user project's broker and results: emptied afterwards
+
+
+def test_a_user_project_tests_its_governed_tasks_with_the_plugin_and_pytest_celery(
+    wheel: Path, tmp_path: Path, redis_url: str
+) -> None:
+    """`examples/testing`, as a user runs it: the celery extra, pytest and pytest-celery
+    (whose Docker fixtures go unused) in a fresh virtualenv; the plugin loads by itself."""
+    python = install(wheel, "celery", tmp_path)
+    run([uv(), "pip", "install", "--quiet", "--python", str(python), "pytest", "pytest-celery"],
+        tmp_path)  # fmt: skip
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples" / "testing", project)
+    url = redis_url.rsplit("/", 1)[0] + f"/{USER_PROJECT_DB}"
+    try:
+        out = run(
+            [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "."],
+            project,
+            POLYGATE_TEST_REDIS_URL=url,
+        )
+    finally:
+        sync_redis.Redis.from_url(url).flushdb()
+    assert "3 passed" in out, out[-3000:]
+    plugins = run([str(python), "-m", "pytest", "--version", "--version"], project)
+    assert "pytest-celery" in plugins  # installed and registered beside the plugin
+    assert "polygate_celery" in plugins
+
+
 def test_the_bench_extra_brings_what_the_benchmarks_import(wheel: Path, tmp_path: Path) -> None:
     python = install(wheel, "bench", tmp_path)
     check = (
