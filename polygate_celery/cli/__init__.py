@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from polygate_celery import __version__
-from polygate_celery.cli import check_config, source, status
+from polygate_celery.cli import check_config, example, source, status
 from polygate_celery.cli.errors import ArgumentParser, CliError, report
 from polygate_celery.demo import cli as demo
 
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (demo, status, check_config, source):
+    for command in (demo, status, check_config, source, example):
         command.add_command(commands)
     return run_command(parser.parse_args(argv))
 

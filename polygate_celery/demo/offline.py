@@ -278,5 +278,9 @@ async def run_demo(out: TextIO = sys.stdout, seconds: int = 300) -> int:
         "retry_exhausted and fatal fail the task.",
         file=out,
     )
-    print("Next: README.md (outcomes, configuration), .env.example (every setting).", file=out)
+    print(
+        "Next: README.md (outcomes, configuration); polygate-celery example env (every "
+        "setting).",
+        file=out,
+    )
     return missing

@@ -87,6 +87,10 @@ def test_the_core_install_makes_governed_calls_and_names_the_extra_each_module_n
     out = run([str(python), "smoke_core.py"], tmp_path)
     assert "governed call answered 'stub says hi'" in out
     assert "pip install 'polygate_celery[celery]'" in out
+    cli = str(python.parent / "polygate-celery")
+    assert "POLYGATE_STORE__REDIS_URL" in run([cli, "example", "env"], tmp_path)
+    assert '"summariser"' in run([cli, "example", "models"], tmp_path)
+    assert "[scopes.summarise]" in run([cli, "example", "config"], tmp_path)
 
 
 def test_the_celery_extra_runs_a_governed_task_on_a_real_worker(

@@ -2,8 +2,9 @@
 
     python -m polygate_celery.testing.simulator --port 8000 --config models.json
 
-The JSON maps model names to `ModelBehaviour` fields (tuples as lists). The
-first line printed is the base URL, so scripts can read it (useful with --port 0).
+The JSON maps model names to `ModelBehaviour` fields (tuples as lists); without it,
+any model name is served, answering at once. The first line printed is the base
+URL, so scripts can read it (useful with --port 0).
 """
 
 from __future__ import annotations
@@ -20,13 +21,6 @@ from types import FrameType
 
 from polygate_celery.testing.simulator.behaviour import ModelBehaviour
 from polygate_celery.testing.simulator.provider import SimulatedProvider
-
-# Served when no --config is given: one well-behaved model per endpoint.
-DEFAULT_MODELS = {
-    "sim-chat": ModelBehaviour(),
-    "sim-embedding": ModelBehaviour(),
-    "sim-ocr": ModelBehaviour(),
-}
 
 
 def load_models(path: Path) -> dict[str, ModelBehaviour]:
@@ -57,14 +51,20 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        models = load_models(args.config) if args.config else DEFAULT_MODELS
+        models = load_models(args.config) if args.config else {}
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Without --config, any model name is served, well-behaved: a configuration's own
+    # model names work as they are.
+    any_model = None if args.config else ModelBehaviour()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    with SimulatedProvider(models, port=args.port, seed=args.seed, host=args.host) as provider:
+    with SimulatedProvider(
+        models, port=args.port, seed=args.seed, host=args.host, any_model=any_model
+    ) as provider:
         print(provider.url, flush=True)
-        print(f"models: {', '.join(models)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        served = ", ".join(models) if models else "any name, answering at once"
+        print(f"models: {served} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
     return 0

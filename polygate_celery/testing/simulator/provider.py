@@ -39,8 +39,10 @@ class SimulatedProvider:
         port: int = 0,
         seed: int = 0,
         host: str = "127.0.0.1",
+        any_model: ModelBehaviour | None = None,
     ) -> None:
-        self._simulator = Simulator(models, seed=seed)
+        """`any_model`: the behaviour of a model name not in `models` (else it is a 404)."""
+        self._simulator = Simulator(models, seed=seed, any_model=any_model)
         self._requested_port = port
         self._host = host
         self._port: int | None = None

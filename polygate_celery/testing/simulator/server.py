@@ -117,8 +117,15 @@ def _bearer_matches(request: web.Request, key: str) -> bool:
 class Simulator:
     """The models, their admission state and the journal, served as an aiohttp application."""
 
-    def __init__(self, models: Mapping[str, ModelBehaviour], *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, ModelBehaviour],
+        *,
+        seed: int = 0,
+        any_model: ModelBehaviour | None = None,
+    ) -> None:
         self.models = dict(models)
+        self.any_model = any_model  # served for a name not in `models` (else: 404)
         self.journal = Journal()
         self.admissions = {name: Admission(b) for name, b in self.models.items()}
         self.first_request_at: dict[str, float] = {}  # by model, seconds since start
@@ -222,6 +229,9 @@ class Simulator:
             return self._fail(visit, answers.bad_request("'model' is required.", "model"))
         visit.model = model
         behaviour = self.models.get(model)
+        if behaviour is None and self.any_model is not None:
+            behaviour = self.models[model] = self.any_model
+            self.admissions[model] = Admission(behaviour)
         if behaviour is None:
             return self._fail(visit, answers.unknown_model(model))
         self.first_request_at.setdefault(model, visit.at)

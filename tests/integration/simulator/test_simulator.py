@@ -483,6 +483,27 @@ def test_cli_serves_the_configured_models(tmp_path: Path, host: list[str]) -> No
             process.stdout.close()
 
 
+def test_cli_without_a_config_serves_any_model_name() -> None:
+    """A configuration's own model names (the README's) work against the bare simulator."""
+    command = [sys.executable, "-m", "polygate_celery.testing.simulator", "--port", "0"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        for model in ("qwen2.5-7b-instruct", "gpt-4o-mini"):
+            body = {"model": model, "messages": CHAT}
+            answer = httpx.post(f"{url}/chat/completions", json=body, timeout=5)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == model
+    finally:
+        process.terminate()
+        assert process.wait(timeout=5) == 0
+        if process.stdout is not None:
+            process.stdout.close()
+
+
 def test_missing_aiohttp_raises_with_the_install_hint() -> None:
     code = (
         "import sys; sys.modules['aiohttp'] = None\n"
