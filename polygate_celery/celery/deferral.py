@@ -108,7 +108,7 @@ def countdown_cap_s(task: Task[Any, Any]) -> float:
     """
     options = task.app.conf.broker_transport_options or {}
     visibility = float(options.get("visibility_timeout", 3600))
-    hard_limit = float(task.app.conf.task_time_limit or 0)
+    hard_limit = float(getattr(task, "time_limit", None) or task.app.conf.task_time_limit or 0)
     return max(1.0, visibility - hard_limit - 60.0)
 
 

@@ -43,6 +43,7 @@ from polygate_celery.celery.deferral import defer, requeue_copy
 from polygate_celery.celery.guard import ExecutionGuard, patiently, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
+from polygate_celery.celery.registry import GOVERNED, SCOPE, governed_tasks
 from polygate_celery.celery.runtime import registered_config, runtime_for
 from polygate_celery.config.loading import load_config
 from polygate_celery.errors import (
@@ -103,21 +104,11 @@ def governed(
         del run_task.__wrapped__  # Celery must see the signature without the handle
         visible = parameters[:handle_at] + parameters[handle_at + 1 :]
         run_task.__signature__ = inspect.signature(fn).replace(parameters=visible)  # type: ignore[attr-defined]
-        run_task.__polygate_governed__ = True  # type: ignore[attr-defined]
-        run_task.__polygate_scope__ = scope  # type: ignore[attr-defined]
+        setattr(run_task, GOVERNED, True)
+        setattr(run_task, SCOPE, scope)
         return cast(F, run_task)
 
     return decorate
-
-
-def governed_tasks(app: Celery) -> dict[str, str | None]:
-    """`app`'s governed tasks: name -> the scope given to `@governed` (None: none given)."""
-    found: dict[str, str | None] = {}
-    for name, task in app.tasks.items():
-        run = getattr(type(task), "run", None)
-        if getattr(run, "__polygate_governed__", False):
-            found[name] = getattr(run, "__polygate_scope__", None)
-    return found
 
 
 def check_governed_tasks(app: Celery) -> list[str]:

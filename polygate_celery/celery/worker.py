@@ -3,8 +3,10 @@
 `configure_worker(app, config)` sets what at-least-once, never-lost execution
 relies on: late acknowledgement, redelivery of a lost worker's task, a
 prefetch of one, JSON only, a soft shutdown, time limits derived from the
-scopes' `max_call_s`, and a broker visibility timeout longer than the hard time
-limit (a shorter one would redeliver a task that is still running: refused).
+scopes' `max_call_s` on the governed tasks alone (given at worker start; a task
+with limits of its own keeps them), and a broker visibility timeout longer than
+the hard time limit (a shorter one would redeliver a task that is still
+running: refused).
 It also starts each worker process's parking-lot release loop and warns when
 Redis could evict governance keys.
 
@@ -26,6 +28,7 @@ from celery import Celery, signals
 from celery.app.defaults import DEFAULTS
 
 from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
+from polygate_celery.celery.registry import governed_tasks
 from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
@@ -78,6 +81,7 @@ def configure_worker(
         extra_task_s=extra_task_s,
         visibility_margin_s=visibility_margin_s,
     )
+    _limits[id(app)] = governed_time_limits(app, config, calls_per_task, extra_task_s)
     for key, before, after in overridden_settings(app, settings):
         logger.warning(
             "configure_worker replaces %s = %r, set on app %r, by %r for every task: %s",
@@ -106,7 +110,38 @@ WHY = {
     "result_backend_always_retry": "a result stored during a Redis restart is retried",
     "task_publish_retry_policy": "publishes from a task ride out a broker restart",
 }
-_KEPT = {"task_soft_time_limit", "task_time_limit", "broker_transport_options"}  # merged
+_KEPT = {"broker_transport_options"}  # merged with the user's
+
+
+def governed_time_limits(
+    app: Celery, config: GatewayConfig, calls_per_task: int = 1, extra_s: float = 60.0
+) -> tuple[float, float]:
+    """(soft, hard) time limits of `app`'s governed tasks: the app's own when it sets them,
+    else derived from the scopes (`time_limits`)."""
+    soft, hard = time_limits(config, calls_per_task, extra_s)
+    theirs_soft: float | None = app.conf.task_soft_time_limit
+    theirs_hard: float | None = app.conf.task_time_limit
+    return float(theirs_soft or soft), max(hard, float(theirs_hard or 0))
+
+
+_limits: dict[int, tuple[float, float]] = {}
+
+
+def apply_time_limits(app: Celery) -> dict[str, tuple[float, float]]:
+    """Give each governed task of `app` that has no time limits of its own the ones
+    `configure_worker` derived (at worker start, once the task modules are imported);
+    other tasks keep Celery's (none, unless the app sets them). Returns what was set."""
+    limits = _limits.get(id(app))
+    if limits is None:
+        return {}
+    soft, hard = limits
+    applied = {}
+    for name in governed_tasks(app):
+        task: Any = app.tasks[name]  # celery-types: limits are ints; Celery takes floats
+        task.soft_time_limit = task.soft_time_limit or soft
+        task.time_limit = task.time_limit or hard
+        applied[name] = (float(task.soft_time_limit), float(task.time_limit))
+    return applied
 
 
 def overridden_settings(app: Celery, settings: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -143,8 +178,7 @@ def worker_settings(
     """
     if calls_per_task < 1:
         raise ConfigError("calls_per_task", "must be at least 1")
-    soft, hard = time_limits(config, calls_per_task, extra_task_s)
-    hard = max(hard, float(app.conf.task_time_limit or 0))  # a longer limit of the user's
+    soft, hard = governed_time_limits(app, config, calls_per_task, extra_task_s)
     transport = dict(app.conf.broker_transport_options or {})
     visibility = transport.get("visibility_timeout")
     if visibility is None:
@@ -160,8 +194,6 @@ def worker_settings(
     # Every check sweeps instead (one mutex and one small ZRANGE per worker per 10 s).
     transport.setdefault("unacked_restore_throttle", 1)
     settings: dict[str, Any] = {
-        "task_soft_time_limit": app.conf.task_soft_time_limit or soft,
-        "task_time_limit": app.conf.task_time_limit or hard,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
@@ -270,6 +302,10 @@ def _connect_signals(app: Celery) -> None:
         return
     _connected.add(id(app))
 
+    def on_init(sender: Any = None, **_: Any) -> None:  # the worker's main process, pre-fork
+        if getattr(sender, "app", app) is app:
+            apply_time_limits(app)
+
     def on_process_init(**_: Any) -> None:  # prefork children
         start_release_loop(app)
 
@@ -284,6 +320,7 @@ def _connect_signals(app: Celery) -> None:
     def on_process_shutdown(**_: Any) -> None:
         runtime_for(app).close()
 
+    signals.worker_init.connect(on_init, weak=False)
     signals.worker_process_init.connect(on_process_init, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_process_shutdown.connect(on_process_shutdown, weak=False)

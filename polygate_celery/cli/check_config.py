@@ -134,7 +134,10 @@ def worker_section(config: GatewayConfig, calls_per_task: int) -> str:
     try:
         from celery import Celery  # noqa: PLC0415 - the celery extra is optional here
 
-        from polygate_celery.celery.worker import worker_settings  # noqa: PLC0415
+        from polygate_celery.celery.worker import (  # noqa: PLC0415
+            governed_time_limits,
+            worker_settings,
+        )
     except ImportError:
         return "# worker settings: not computed (pip install 'polygate_celery[celery]')"
     app = Celery("polygate-check-config", set_as_current=False)
@@ -142,8 +145,14 @@ def worker_section(config: GatewayConfig, calls_per_task: int) -> str:
         settings = worker_settings(app, config, calls_per_task=calls_per_task)
     except ConfigError as exc:
         raise config_error(exc) from None
+    soft, hard = governed_time_limits(app, config, calls_per_task)
+    entries = [(key, value, "") for key, value in settings.items()]
+    entries += [
+        ("governed tasks' soft_time_limit", soft, "each governed task without its own"),
+        ("governed tasks' time_limit", hard, "other tasks keep Celery's (none by default)"),
+    ]
     note = f"what configure_worker(app, config, calls_per_task={calls_per_task}) sets"
-    return _section("worker", [(key, value, "") for key, value in settings.items()], note)
+    return _section("worker", entries, note)
 
 
 def warnings_text(advice: list[Advice]) -> str:

@@ -5,10 +5,16 @@ from __future__ import annotations
 import logging
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 
 from polygate_celery import ConfigError, parse_config
-from polygate_celery.celery import check_eviction_policy, configure_worker, time_limits
+from polygate_celery.celery import (
+    GovernedCalls,
+    check_eviction_policy,
+    configure_worker,
+    governed,
+    time_limits,
+)
 from polygate_celery.celery.runtime import reset_runtime
 from tests.redis_server import RedisServer
 
@@ -29,11 +35,37 @@ def test_the_settings_for_at_least_once_never_lost() -> None:
     assert conf.worker_cancel_long_running_tasks_on_connection_loss is False  # copies wait
     assert conf.result_backend_always_retry is True  # a result is stored once Redis is back
     assert conf.task_publish_retry_policy["max_retries"] == 20  # rides out a broker restart
+    # Time limits go to the governed tasks alone, at worker start.
+    assert conf.task_soft_time_limit is None
+    assert conf.task_time_limit is None
+    assert "task_time_limit" not in settings
+
+    @app.task(name="configured.governed", shared=False)
+    @governed("s")
+    def governed_task(calls: GovernedCalls) -> None:  # pragma: no cover
+        pass
+
+    @app.task(name="configured.plain", shared=False)
+    def plain_task() -> None:  # pragma: no cover
+        pass
+
+    @app.task(name="configured.own", soft_time_limit=5, time_limit=10, shared=False)
+    @governed("s")
+    def own_limits(calls: GovernedCalls) -> None:  # pragma: no cover
+        pass
+
+    class Worker:
+        def __init__(self, app: Celery) -> None:
+            self.app = app
+
+    signals.worker_init.send(sender=Worker(app))
     # max_call_s = 3 * 60 + 2 * 100 = 380; two calls and 60 s more.
-    assert conf.task_soft_time_limit == 2 * 380 + 60
-    assert conf.task_time_limit > conf.task_soft_time_limit
-    assert conf.broker_transport_options["visibility_timeout"] > conf.task_time_limit
-    assert settings["task_time_limit"] == conf.task_time_limit
+    soft = 2 * 380 + 60
+    assert (governed_task.soft_time_limit, plain_task.soft_time_limit) == (soft, None)
+    assert governed_task.time_limit > soft
+    assert plain_task.time_limit is None
+    assert (own_limits.soft_time_limit, own_limits.time_limit) == (5, 10)  # its own kept
+    assert settings["broker_transport_options"]["visibility_timeout"] > governed_task.time_limit
 
 
 def test_a_lost_workers_task_is_looked_for_at_every_restore_check() -> None:

@@ -22,7 +22,7 @@ CONFIG = parse_config(
 app = Celery("kit", set_as_current=False)
 
 
-@app.task(name="kit.summarise")
+@app.task(name="kit.summarise", shared=False)
 @governed("summarise")
 def summarise(calls: GovernedCalls, text: str) -> str:
     return str(calls.chat([{"role": "user", "content": text}]).value.text)
