@@ -1,8 +1,9 @@
-"""The README's quick start runs as written: its `tasks.py` and `polygate.toml` blocks are
-written to a directory as they are, its two commands are run there (a real `celery worker`
-on Redis, then the client line), against the simulated provider serving the models the
-configuration names. Only the environment differs: ``POLYGATE_*`` overrides point the store
-and the sources at the test's Redis and simulator, as the README says they may."""
+"""The README's examples run as written. The quick start: its `tasks.py` and
+`polygate.toml` blocks are written to a directory as they are, and its two commands run
+there (a real `celery worker` on Redis, then the client line). The async Gateway: its
+`polygate.toml` and program. Both against the simulated provider serving the models the
+configuration names; only the environment differs: ``POLYGATE_*`` overrides point the
+store and the sources at the test's Redis and simulator, as the README says they may."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART_DB = 14  # broker, results and governance of the quick start: emptied afterwards
 
 
-def quickstart_blocks() -> dict[str, str]:
-    """The quick start's code blocks: by the file named on their first line, and "sh"."""
+def quickstart_blocks(heading: str = "## Quick start") -> dict[str, str]:
+    """A README section's code blocks: by the file named on their first line, else by
+    their language ("sh", "python")."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    section = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
     blocks: dict[str, str] = {}
     for lang, body in re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S):
         first = body.splitlines()[0]
         named = re.match(r"#\s*(\S+\.(?:py|toml))$", first)
-        blocks[named.group(1) if named else lang] = body
+        blocks.setdefault(named.group(1) if named else lang, body)  # the first of each
     return blocks
 
 
@@ -75,3 +77,24 @@ def test_the_quick_start_runs_as_written(quickstart_redis: str, tmp_path: Path) 
     assert client.returncode == 0, (client.stderr[-3000:], log.decode()[-3000:])
     assert client.stdout.strip() == "a summary"
     assert served == [models[0]]  # the first source in the scope's order
+
+
+def test_the_async_gateway_example_runs_as_written(tmp_path: Path) -> None:
+    """ "Without Celery: the async Gateway": its polygate.toml and program, as written."""
+    blocks = quickstart_blocks("## Without Celery: the async Gateway")
+    (tmp_path / "polygate.toml").write_text(blocks["polygate.toml"])
+    (tmp_path / "main.py").write_text(blocks["python"])
+    models = re.findall(r'^model = "([^"]+)"', blocks["polygate.toml"], flags=re.M)
+    with SimulatedProvider(dict.fromkeys(models, ModelBehaviour(reply="a summary"))) as sim:
+        env = {
+            **os.environ,
+            "POLYGATE_SOURCES__VLLM__BASE_URL": sim.url,
+            "POLYGATE_SOURCES__HOSTED__BASE_URL": sim.url,
+            "OPENAI_API_KEY": "sk-readme-not-a-real-key",
+        }
+        done = subprocess.run(
+            [sys.executable, "main.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"a summary vllm {models[0]} 1"), done.stdout
