@@ -279,8 +279,7 @@ async def run_demo(out: TextIO = sys.stdout, seconds: int = 300) -> int:
         file=out,
     )
     print(
-        "Next: README.md (outcomes, configuration); polygate-celery example env (every "
-        "setting).",
+        "Next: README.md (outcomes, configuration); polygate-celery example env (every setting).",
         file=out,
     )
     return missing
