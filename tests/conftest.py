@@ -8,6 +8,7 @@ time, so the loop's acceptance tests hold on both.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import platform
@@ -20,6 +21,7 @@ from typing import Any
 import hypothesis
 import pytest
 import pytest_asyncio
+import redis as sync_redis
 
 from polygate_celery import Gateway, GatewayConfig, MemoryStore, Store, parse_config
 from polygate_celery.sources import Source
@@ -98,6 +100,17 @@ def redis_url() -> Iterator[str]:
         return
     with RedisServer() as server:
         yield server.url
+
+
+@contextlib.contextmanager
+def own_database(redis_url: str, db: int) -> Iterator[str]:
+    """Database `db` of the test Redis, for the one test that uses it; emptied afterwards."""
+    url = redis_url.rsplit("/", 1)[0] + f"/{db}"
+    try:
+        yield url
+    finally:
+        with sync_redis.Redis.from_url(url) as client:
+            client.flushdb()
 
 
 def unique_prefix() -> str:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, SecretStr
 
 from polygate_celery.cli.config_warnings import Advice, config_warnings
 from polygate_celery.cli.context import config_error
-from polygate_celery.cli.errors import CliError, Commands
+from polygate_celery.cli.errors import CliError, Commands, positive_int
 from polygate_celery.cli.redaction import MASK, redact_url
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
@@ -42,22 +42,12 @@ def add_command(commands: Commands) -> None:
     )
     parser.add_argument(
         "--calls-per-task",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="governed calls one task makes, for the time limits (default 1)",
     )
     parser.set_defaults(run=run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,3 +34,14 @@ def report(error: CliError) -> int:
     text = " ".join(str(error).split())  # one line, whatever the message held
     print(f"error: {text}", file=sys.stderr)
     return USAGE_ERROR
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value

@@ -14,7 +14,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from polygate_celery.cli.errors import CliError, Commands
+from polygate_celery.cli.errors import CliError, Commands, positive_int
 from polygate_celery.demo import pipeline as pipeline_demo
 
 
@@ -30,17 +30,17 @@ def add_command(commands: Commands) -> None:
         ),
     )
     parser.add_argument(
-        "--documents", type=_at_least_one, default=40, help="documents to send (default 40)"
+        "--documents", type=positive_int, default=40, help="documents to send (default 40)"
     )
     parser.add_argument(
-        "--pages", type=_at_least_one, default=5, help="pages per document (default 5)"
+        "--pages", type=positive_int, default=5, help="pages per document (default 5)"
     )
     parser.add_argument(
         "--redis-url", metavar="URL", help="use this Redis (default: $POLYGATE_REDIS_URL, else "
         "an embedded server)",
     )  # fmt: skip
     parser.add_argument(
-        "--timeout", type=_at_least_one, default=300, metavar="SECONDS",
+        "--timeout", type=positive_int, default=300, metavar="SECONDS",
         help="give up after this long (default 300)",
     )  # fmt: skip
     parser.add_argument(
@@ -53,20 +53,10 @@ def add_command(commands: Commands) -> None:
         help="run the governance loop alone in virtual time: no Redis, no worker",
     )
     parser.add_argument(
-        "--seconds", type=_at_least_one, default=300,
+        "--seconds", type=positive_int, default=300,
         help="with --offline: simulated seconds of arrivals (default 300)",
     )  # fmt: skip
     parser.set_defaults(run=run)
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis as sync_redis
 
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
+from tests.conftest import own_database
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART_DB = 14  # broker, results and governance of the quick start: emptied afterwards
@@ -39,9 +39,8 @@ def quickstart_blocks(heading: str = "## Quick start") -> dict[str, str]:
 
 @pytest.fixture
 def quickstart_redis(redis_url: str) -> Iterator[str]:
-    url = redis_url.rsplit("/", 1)[0] + f"/{QUICKSTART_DB}"
-    yield url
-    sync_redis.Redis.from_url(url).flushdb()
+    with own_database(redis_url, QUICKSTART_DB) as url:
+        yield url
 
 
 def test_the_quick_start_runs_as_written(quickstart_redis: str, tmp_path: Path) -> None:

@@ -4,31 +4,13 @@ that needs an extra."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 
 import stub_provider
 
-from polygate_celery import Gateway, parse_config
-
-
-async def main() -> None:
-    config = parse_config(
-        {
-            "sources": {"stub": {"base_url": stub_provider.serve(), "model": "stub"}},
-            "scopes": {"chat": {"kind": "chat", "sources": ["stub"]}},
-        }
-    )
-    gateway = Gateway(config)  # the in-memory store
-    try:
-        outcome = await gateway.chat("chat", [{"role": "user", "content": "hello"}])
-    finally:
-        await gateway.aclose()
-    assert outcome.value.text == stub_provider.REPLY, outcome
-    print(f"governed call answered {outcome.value.text!r}")
-
-
-asyncio.run(main())
+text = stub_provider.ask({"base_url": stub_provider.serve(), "model": "stub"})
+assert text == stub_provider.REPLY, text
+print(f"governed call answered {text!r}")
 for module, extra in (
     ("polygate_celery.celery", "celery"),
     ("polygate_celery.metrics", "prometheus"),

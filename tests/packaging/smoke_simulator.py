@@ -3,11 +3,10 @@ from its command line and answers a governed call."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 
-from polygate_celery import Gateway, parse_config
+import stub_provider
 
 server = subprocess.Popen(
     [sys.executable, "-m", "polygate_celery.testing.simulator", "--port", "0"],
@@ -16,24 +15,11 @@ server = subprocess.Popen(
 )
 
 
-async def main(base_url: str) -> None:
-    config = parse_config(
-        {
-            "sources": {"sim": {"base_url": base_url, "model": "sim-chat"}},
-            "scopes": {"chat": {"kind": "chat", "sources": ["sim"]}},
-        }
-    )
-    gateway = Gateway(config)
-    try:
-        outcome = await gateway.chat("chat", [{"role": "user", "content": "hello"}])
-    finally:
-        await gateway.aclose()
-    print(f"the simulator at {base_url} answered {outcome.value.text[:40]!r}")
-
-
 try:
     assert server.stdout is not None
-    asyncio.run(main(server.stdout.readline().strip()))
+    base_url = server.stdout.readline().strip()
+    text = stub_provider.ask({"base_url": base_url, "model": "sim-chat"})
+    print(f"the simulator at {base_url} answered {text[:40]!r}")
 finally:
     server.terminate()
     server.wait(10)

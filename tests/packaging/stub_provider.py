@@ -3,9 +3,13 @@ it runs in a fresh virtualenv where only the extra under test is installed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from polygate_celery import Gateway, parse_config
 
 REPLY = "stub says hi"
 
@@ -44,3 +48,20 @@ def serve() -> str:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def ask(source: dict[str, Any]) -> str:
+    """One governed chat call (the in-memory store) to `source`; the answer's text."""
+    config = parse_config(
+        {"sources": {"s": source}, "scopes": {"chat": {"kind": "chat", "sources": ["s"]}}}
+    )
+
+    async def call() -> str:
+        gateway = Gateway(config)
+        try:
+            outcome = await gateway.chat("chat", [{"role": "user", "content": "hello"}])
+        finally:
+            await gateway.aclose()
+        return str(outcome.value.text)
+
+    return asyncio.run(call())

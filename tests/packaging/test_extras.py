@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis as sync_redis
+
+from tests.conftest import own_database
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
@@ -75,9 +76,8 @@ def install(wheel: Path, extra: str, where: Path) -> Path:
 
 @pytest.fixture
 def smoke_broker(redis_url: str) -> Iterator[str]:
-    url = redis_url.rsplit("/", 1)[0] + f"/{SMOKE_DB}"
-    yield url
-    sync_redis.Redis.from_url(url).flushdb()
+    with own_database(redis_url, SMOKE_DB) as url:
+        yield url
 
 
 def test_the_core_install_makes_governed_calls_and_names_the_extra_each_module_needs(
@@ -143,15 +143,12 @@ def test_a_user_project_tests_its_governed_tasks_with_the_plugin_and_pytest_cele
         tmp_path)  # fmt: skip
     project = tmp_path / "project"
     shutil.copytree(ROOT / "examples" / "testing", project)
-    url = redis_url.rsplit("/", 1)[0] + f"/{USER_PROJECT_DB}"
-    try:
+    with own_database(redis_url, USER_PROJECT_DB) as url:
         out = run(
             [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "."],
             project,
             POLYGATE_TEST_REDIS_URL=url,
         )
-    finally:
-        sync_redis.Redis.from_url(url).flushdb()
     assert "3 passed" in out, out[-3000:]
     plugins = run([str(python), "-m", "pytest", "--version", "--version"], project)
     assert "pytest-celery" in plugins  # installed and registered beside the plugin

@@ -141,7 +141,7 @@ def test_an_unreadable_file_is_one_line(
 
 def test_a_bad_calls_per_task_is_a_usage_error(cli: Cli, local_config: str) -> None:
     line = cli("check-config", local_config, "--calls-per-task", "0").error_line
-    assert "--calls-per-task: must be at least 1" in line
+    assert "--calls-per-task: '0': must be at least 1" in line
 
 
 def test_no_secret_is_printed(cli: Cli, tmp_path: Path) -> None:
