@@ -26,7 +26,7 @@ from polygate_celery.sources.payloads import (
     estimate_tokens,
 )
 from polygate_celery.store.base import SourceSnapshot, Store
-from polygate_celery.store.memory import MemoryStore
+from polygate_celery.store.factory import store_from_config
 from polygate_celery.telemetry import Telemetry, TelemetryHook
 
 
@@ -34,8 +34,9 @@ class Gateway:
     """Runs calls to the scopes of `config` through the governance loop.
 
     `sources` maps each source name to its adapter (default: the HTTP adapters
-    the configuration describes). `store` defaults to an
-    in-memory store on the same `clock`; `clock` to the system clock; `random`
+    the configuration describes). `store` defaults to the one the configuration
+    names: a `RedisStore` when `store.redis_url` is set, else an in-memory store
+    on the same `clock`; `clock` to the system clock; `random`
     (uniform draws in [0, 1) for jitter) to `random.random`. With `scope_gate`,
     a stalled verdict closes the scope for its `retry_after_s`: other calls
     then end `stalled` at once, bar one probe at a time, until a success or
@@ -58,7 +59,10 @@ class Gateway:
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.store = store if store is not None else MemoryStore(self.clock)
+        # No store given: the one the configuration names (Redis when `store.redis_url`
+        # is set), owned and closed by this gateway.
+        self._owns_store = store is None
+        self.store = store if store is not None else store_from_config(config.store, clock)
         self._owns_sources = sources is None
         if sources is None:
             sources = sources_from_config(config)
@@ -141,8 +145,13 @@ class Gateway:
 
     async def aclose(self) -> None:
         """Stop renewing leases and close the clients of the sources built from the
-        configuration on this event loop (call after the last call has ended)."""
+        configuration on this event loop, and the store it built (call after the last
+        call has ended)."""
         await self._runtime.leases.aclose()
+        if self._owns_store:
+            close_store = getattr(self.store, "aclose", None)
+            if close_store is not None:
+                await close_store()
         if self._owns_sources:
             for source in self._runtime.sources.values():
                 close = getattr(source, "aclose", None)
