@@ -27,6 +27,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterable, Sequence
@@ -356,11 +357,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {args.addr}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
+    # Handlers first: an interrupt that comes as soon as the address is printed still
+    # closes the exporter (the store's connections, the HTTP server) and exits 0.
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     print(f"serving metrics on http://{args.addr}:{exporter.port}/metrics", flush=True)
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(1.0):
+            pass
     finally:
         exporter.close()
     return 0

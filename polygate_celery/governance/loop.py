@@ -206,7 +206,7 @@ class GovernedCall:
                 raise self._exhausted("deadline")
             order = self._order()
             # Watch before asking, so a permit released right after the refusal is not missed.
-            with self.rt.store.watch_releases(order) as released:
+            with self.rt.store.watch_releases(order, self.call_id) as released:
                 asked_at = self.rt.clock.now()
                 admission = await self.rt.store.admit(
                     AdmitRequest(
@@ -217,6 +217,7 @@ class GovernedCall:
                         gate=self.rt.scope_gate,
                         call_id=self.call_id,
                         probe_lease_s=plan.max_call_s,
+                        claim_s=0.0 if self.fail_fast else plan.claim_s,
                     )
                 )
                 if isinstance(admission, Denial):

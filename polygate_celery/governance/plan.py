@@ -39,6 +39,13 @@ def source_terms(config: GatewayConfig, name: str) -> SourceTerms:
     )
 
 
+def claim_for(poll_interval_s: float) -> float:
+    """How long a permit handed to a waiting call is held for it: past the call's next
+    poll (at most `poll_interval_s` away) with a second to spare, so a waiter that
+    missed the wake-up message still finds it; a dead waiter's lapses as soon."""
+    return 2 * poll_interval_s + 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class ScopePlan:
     """Everything the loop reads about a scope, resolved once per gateway."""
@@ -59,6 +66,10 @@ class ScopePlan:
     outage_is_waiting: bool = True
     same_source_retries: int = 1
     wait_out_retry_after_s: float = 5.0
+
+    @property
+    def claim_s(self) -> float:
+        return claim_for(self.poll_interval_s)
 
     @classmethod
     def build(cls, config: GatewayConfig, name: str) -> ScopePlan:

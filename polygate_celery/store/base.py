@@ -30,6 +30,10 @@ class AdmitRequest:
     """Ask for a permit at the first runnable source of `candidates` (best first).
 
     `permit_id` is chosen by the caller so that a retried admit is idempotent.
+    With `claim_s` > 0 the caller (`call_id`) will wait if refused: a fleet-wide
+    store queues it, first come first served, for the sources that refused it for
+    capacity alone, and hands it a released permit, held for it `claim_s` (the
+    caller asks again within that, or drops out of the queue).
     """
 
     scope: str
@@ -39,6 +43,7 @@ class AdmitRequest:
     gate: bool = False
     call_id: str = ""
     probe_lease_s: float = 0.0
+    claim_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +216,9 @@ class Store(Protocol):
         """How much of `quota`'s minute is spent now (read-only, for status views)."""
         ...
 
-    def watch_releases(self, sources: Sequence[str]) -> ReleaseWatch:
-        """Start watching for a released permit of one of `sources`, as of now.
+    def watch_releases(self, sources: Sequence[str], call_id: str = "") -> ReleaseWatch:
+        """Start watching for a released permit of one of `sources`, as of now (for
+        the call `call_id`: a fleet-wide store wakes it when a permit is handed to it).
 
         Synchronous, so a caller that starts the watch before asking for a
         permit misses no release that happens after the refusal. A watch may

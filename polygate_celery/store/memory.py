@@ -114,6 +114,26 @@ class _SourceState:
     permits: set[str] = field(default_factory=set)
     paused_until: float = -math.inf
     learned: _Learned = field(default_factory=_Learned)
+    # Waiting calls, first come first served: call id -> (end of its claim, claim_s);
+    # and permits a release handed to one of them: call id -> end of its claim.
+    queue: dict[str, tuple[float, float]] = field(default_factory=dict)
+    handed: dict[str, float] = field(default_factory=dict)
+
+    def in_use(self, now: float) -> int:
+        """Permits held, and handed to waiters whose claim has not ended."""
+        for call_id, claim_end in list(self.handed.items()):
+            if claim_end <= now:
+                del self.handed[call_id]
+        return len(self.permits) + len(self.handed)
+
+    def first_live_waiter(self, now: float) -> tuple[str, float] | None:
+        """The first waiter whose claim has not ended, out of the queue, with its claim_s."""
+        while self.queue:
+            call_id = next(iter(self.queue))
+            claim_end, claim_s = self.queue.pop(call_id)
+            if claim_end > now:
+                return call_id, claim_s
+        return None
 
 
 @dataclass
@@ -199,8 +219,11 @@ class MemoryStore:
                 return Grant(terms.name, request.permit_id, now)
         if request.gate and (refusal := self._gated(request, now)) is not None:
             return refusal
+        waiter = request.call_id if request.claim_s > 0 and request.call_id else None
         for terms in request.candidates:
             state = self._source(terms)
+            state.in_use(now)  # ends lapsed claims
+            mine = waiter is not None and state.handed.pop(waiter, None) is not None
             reasons: list[BlockReason] = []
             known: list[float] = []
             if state.paused_until > now:
@@ -212,7 +235,7 @@ class MemoryStore:
                 reasons.append("breaker_open" if opens is not None else "probe_in_flight")
                 if opens is not None:
                     known.append(opens - now)
-            if len(state.permits) >= self._limit(state, terms):
+            if state.in_use(now) >= self._limit(state, terms):
                 reasons.append("at_capacity")
             quota = None
             if terms.quota is not None:
@@ -228,20 +251,41 @@ class MemoryStore:
                 blocked.append((terms.name, reasons[0]))
                 if known and len(known) == len(reasons):
                     reopen.append(max(known))
+                if waiter is not None and not mine and reasons == ["at_capacity"]:
+                    # joins the queue (or keeps its place) and renews its claim
+                    state.queue[waiter] = (now + request.claim_s, request.claim_s)
                 continue
             assert breaker is not None
-            state.breaker = breaker
-            state.permits.add(request.permit_id)
             assert isinstance(learned, dict)
-            for dimension, tat in learned.items():
-                state.learned.buckets[dimension].tat = tat
-            if terms.quota is not None and isinstance(quota, tuple):
-                quota_state = self._quotas[terms.quota.name]
-                quota_state.request_tat, quota_state.token_tat = quota
-                if terms.quota.rpm is not None and terms.quota.rpm_window == "sliding":
-                    quota_state.admitted.append(now)
+            state.breaker = breaker
+            self._charge(terms, state, request.permit_id, learned, quota, now)
+            if waiter is not None:  # out of every queue; a permit handed to it elsewhere moves on
+                for other in request.candidates:
+                    other_state = self._source(other)
+                    other_state.queue.pop(waiter, None)
+                    if other_state.handed.pop(waiter, None) is not None:
+                        self._hand_on(other.name, other_state, now)
             return Grant(terms.name, request.permit_id, now)
         return Denial(reopen_in_s=min(reopen) if reopen else None, blocked=tuple(blocked))
+
+    def _charge(
+        self,
+        terms: SourceTerms,
+        state: _SourceState,
+        permit_id: str,
+        learned: dict[str, float],
+        quota: tuple[float, float] | float | None,
+        now: float,
+    ) -> None:
+        """Record an admission: the permit, the learned and declared quotas' charges."""
+        state.permits.add(permit_id)
+        for dimension, tat in learned.items():
+            state.learned.buckets[dimension].tat = tat
+        if terms.quota is not None and isinstance(quota, tuple):
+            quota_state = self._quotas[terms.quota.name]
+            quota_state.request_tat, quota_state.token_tat = quota
+            if terms.quota.rpm is not None and terms.quota.rpm_window == "sliding":
+                quota_state.admitted.append(now)
 
     async def settle(self, settlement: Settlement) -> bool:
         now = self._clock.now()
@@ -278,8 +322,22 @@ class MemoryStore:
             quota_state.token_tat = gcra_settle(
                 quota_state.token_tat, settlement.est_tokens, settlement.used_tokens, quota.tpm
             )
-        self._releases.released(terms.name)
+        breaker = state.breaker
+        runnable = breaker.mode != "open" and breaker.probe is None and state.paused_until <= now
+        if runnable and state.in_use(now) < self._limit(state, terms):
+            self._hand_on(terms.name, state, now)
         return True
+
+    def _hand_on(self, name: str, state: _SourceState, now: float) -> None:
+        """A permit of `name` is free: hand it to the first live waiter, else wake a watch
+        of a caller that does not queue."""
+        head = state.first_live_waiter(now)
+        if head is None:
+            self._releases.released(name)
+            return
+        call_id, claim_s = head
+        state.handed[call_id] = now + claim_s
+        self._releases.wake_call(call_id, name)
 
     async def progress_age_s(self, scope: str) -> float:
         marked = self._progress.get(scope)
@@ -332,8 +390,8 @@ class MemoryStore:
             tokens_used=None if quota.tpm is None else gcra_spent(state.token_tat, now, quota.tpm),
         )
 
-    def watch_releases(self, sources: Sequence[str]) -> Watch:
-        return self._releases.watch(sources)
+    def watch_releases(self, sources: Sequence[str], call_id: str = "") -> Watch:
+        return self._releases.watch(sources, call_id)
 
     async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
         """Permits here carry no lease (one is held until settled): report which are held."""

@@ -1,10 +1,12 @@
 """Store layer: per-process release watches, shared by every store.
 
-A released permit wakes the oldest watch of its source in this process, not
-every waiter: with dozens of callers queued on a source, waking all of them for
-one permit would turn each release into a burst of refused admissions. A watch
-that was woken but closed without using the wake-up (its caller got a permit
-anyway) hands it to the next watch, so no wake-up is lost. Watches start when
+In one process (the in-memory store), a released permit wakes the oldest watch
+of its source, not every waiter: with dozens of callers queued on a source,
+waking all of them for one permit would turn each release into a burst of
+refused admissions. A watch that was woken but closed without using the wake-up
+(its caller got a permit anyway) hands it to the next watch, so no wake-up is
+lost. Across a fleet (the Redis store), a release hands its permit to one
+waiting call, and that call's watch alone is woken (`ReleaseHub.wake_call`). Watches start when
 they are created, synchronously, so a caller that opens one before asking for a
 permit misses no release that follows the refusal.
 """
@@ -23,17 +25,27 @@ class ReleaseHub:
     def __init__(self) -> None:
         self._watches: dict[str, list[Watch]] = {}
 
-    def watch(self, sources: Iterable[str]) -> Watch:
-        watch = Watch(self, tuple(sources))
+    def watch(self, sources: Iterable[str], call_id: str = "") -> Watch:
+        watch = Watch(self, tuple(sources), call_id)
         for name in watch.sources:
             self._watches.setdefault(name, []).append(watch)
         return watch
 
     def released(self, source: str) -> None:
-        """A permit of `source` was released: wake its oldest watch not yet woken."""
+        """A permit of `source` was released and no queued call was handed it: wake the
+        oldest watch not yet woken of a caller that does not queue (one without a call
+        id: a queued caller is woken by `wake_call` alone)."""
         for watch in self._watches.get(source, ()):
-            if watch.woken_by is None:
+            if watch.woken_by is None and not watch.call_id:
                 watch.wake(source)
+                return
+
+    def wake_call(self, call_id: str, source: str) -> None:
+        """A permit of `source` was handed to the call `call_id`: wake its watch, if it
+        still watches (else the permit returns when the call's claim ends)."""
+        for watch in self._watches.get(source, ()):
+            if watch.call_id == call_id:
+                watch.wake(source, handed=True)
                 return
 
     def waiting(self, source: str) -> int:
@@ -52,15 +64,18 @@ class ReleaseHub:
 class Watch:
     """One caller's watch; see `Store.watch_releases`."""
 
-    def __init__(self, hub: ReleaseHub, sources: tuple[str, ...]) -> None:
+    def __init__(self, hub: ReleaseHub, sources: tuple[str, ...], call_id: str = "") -> None:
         self.sources = sources
+        self.call_id = call_id
         self.woken_by: str | None = None
+        self._handed = False
         self._hub = hub
         self._event = asyncio.Event()
         self._used = False
 
-    def wake(self, source: str) -> None:
+    def wake(self, source: str, *, handed: bool = False) -> None:
         self.woken_by = source
+        self._handed = handed  # a permit handed to this call is no one else's to use
         self._event.set()
 
     async def wait(self) -> None:
@@ -77,5 +92,5 @@ class Watch:
         tb: TracebackType | None,
     ) -> None:
         self._hub._remove(self)
-        if self.woken_by is not None and not self._used:
+        if self.woken_by is not None and not self._used and not self._handed:
             self._hub.released(self.woken_by)  # hand the unused wake-up on

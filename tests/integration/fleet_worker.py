@@ -10,7 +10,11 @@ line with what happened. Modes:
 * ``hold``: one call whose source never answers, so its permit is held (and its
   lease renewed) until the process dies;
 * ``status``: one call with a scripted outcome (``ok`` or ``429:<retry_after>``),
-  or a `fail_fast` call, for fleet-semantics checks.
+  or a `fail_fast` call, for fleet-semantics checks;
+* ``ordered``: one call whose source appends `name` to the Redis list `order_key`
+  (after waiting, with `hold_key`, until the test pushes to that key).
+
+Every result counts the process's admissions: asked (`admits`) and granted.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from polygate_celery import (
     Outcome,
     parse_config,
 )
+from polygate_celery.store import Grant
 from polygate_celery.store.redis import RedisStore, redis_client
 from tests.integration.witness import WitnessClient
 
@@ -62,6 +67,21 @@ class ForeverSource:
         print(json.dumps({"holding": True}), flush=True)
         await asyncio.sleep(3600)
         return Outcome.success("never")
+
+
+class OrderedSource:
+    """Records the order in which calls across the fleet got their permit."""
+
+    def __init__(self, url: str, spec: dict[str, Any]) -> None:
+        self.redis = redis_client(url, socket_timeout_s=130)
+        self.spec = spec
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        if self.spec.get("hold_key"):
+            print(json.dumps({"holding": True}), flush=True)
+            await self.redis.blpop([self.spec["hold_key"]], timeout=120)
+        await self.redis.rpush(self.spec["order_key"], self.spec["name"])
+        return Outcome.success("ok")
 
 
 class StatusSource:
@@ -103,9 +123,21 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
         source = CounterSource(spec["redis_url"], spec["counter_key"], rng)
     elif mode == "hold":
         source = ForeverSource()
+    elif mode == "ordered":
+        source = OrderedSource(spec["redis_url"], spec)
     else:
         source = StatusSource(spec.get("step", "ok"))
     gateway = Gateway(config, dict.fromkeys(spec.get("sources", ["w"]), source), store=store)
+    admissions = {"admits": 0, "granted": 0}
+    admit = store.admit
+
+    async def counted_admit(request: Any) -> Any:
+        answer = await admit(request)
+        admissions["admits"] += 1
+        admissions["granted"] += isinstance(answer, Grant)
+        return answer
+
+    store.admit = counted_admit  # type: ignore[method-assign]
     outcomes: dict[str, int] = {}
     if spec.get("go_key"):  # ready, then wait for the test's go (start-up is not timed)
         client = redis_client(spec["redis_url"])
@@ -129,7 +161,7 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
             outcomes[verdict] = outcomes.get(verdict, 0) + 1
 
     await asyncio.gather(*(caller() for _ in range(spec.get("callers", 1))))
-    result = {"outcomes": outcomes, "seconds": time.monotonic() - started}
+    result = {"outcomes": outcomes, "seconds": time.monotonic() - started, **admissions}
     if isinstance(source, StatusSource):
         result["sent"] = source.sent
     await store.aclose()

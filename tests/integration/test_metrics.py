@@ -92,7 +92,11 @@ def test_the_exporter_command_serves_until_interrupted(
             assert 'polygate_permits_in_use{source="a"} 0.0' in text
         finally:
             process.send_signal(signal.SIGINT)
-        assert process.wait(10) == 0
+        try:
+            assert process.wait(60) == 0
+        finally:
+            if process.poll() is None:  # never left waiting on a hung child
+                process.kill()
 
 
 def test_the_exporter_command_explains_a_bad_config_in_one_line(tmp_path: Path) -> None:

@@ -27,7 +27,9 @@ def test_every_key_of_a_prefix_sits_in_one_cluster_slot() -> None:
         keys.quota_log(None),
         keys.progress("s"),
         keys.permits("other"),
-        keys.released,
+        keys.queue("a"),
+        keys.alive("a"),
+        keys.wake + "origin",
     ]
     assert len({key_slot(name.encode()) for name in names}) == 1
     assert all(name.startswith("{polygate}:v1:") for name in names)

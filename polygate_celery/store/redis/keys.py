@@ -5,7 +5,13 @@ span several sources and their quota groups) sit in one Redis Cluster slot,
 then the schema version, so a rolling upgrade to a new layout can run beside
 the old one::
 
-    {p}:v1:src:<source>:permits     ZSET    permit id -> lease expiry (store time, s)
+    {p}:v1:src:<source>:permits     ZSET    permit id -> lease expiry (store time, s);
+                                            "~<call id>": a permit handed to a waiting
+                                            call -> the end of its claim
+    {p}:v1:src:<source>:queue       ZSET    waiting call -> arrival: the fleet-wide FIFO
+                                            a release hands its permit to
+    {p}:v1:src:<source>:alive       ZSET    waiting call -> the end of its claim (each
+                                            poll renews it: a dead waiter drops out)
     {p}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
                                             AIMD (limit, last_decrease), paused_until,
                                             learned quota (lrpm lreq ltpm ltok: the
@@ -15,7 +21,8 @@ the old one::
                                             window (at most rpm members, TTL one window)
     {p}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
     {p}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, reset, probe
-    {p}:v1:released                 channel "<origin> <source>" on every release
+    {p}:v1:wake:<origin>            channel "<call id> <source>": a permit was handed to
+                                            that call of the process `origin`
     {p}:v1:parked:<app>             ZSET    deferred task entry -> due time (the Celery
                                             parking lot, per app; with :msg and :claim)
 
@@ -52,6 +59,12 @@ class KeySpace:
     def state(self, source: str) -> str:
         return f"{self.base}:src:{source}:state"
 
+    def queue(self, source: str) -> str:
+        return f"{self.base}:src:{source}:queue"
+
+    def alive(self, source: str) -> str:
+        return f"{self.base}:src:{source}:alive"
+
     def quota(self, group: str | None) -> str:
         """The quota group's key; a placeholder (never written) for a source without one."""
         return f"{self.base}:quota:{group}" if group else f"{self.base}:quota:-"
@@ -71,8 +84,9 @@ class KeySpace:
         return f"{self.base}:parked:{app_name}"
 
     @property
-    def released(self) -> str:
-        return f"{self.base}:released"
+    def wake(self) -> str:
+        """The wake-up channel of a process: this text followed by its origin."""
+        return f"{self.base}:wake:"
 
     @property
     def pattern(self) -> str:

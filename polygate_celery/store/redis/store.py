@@ -187,26 +187,34 @@ class RedisStore:
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         keys: list[str] = []
         gate = f"{_fmt(request.probe_lease_s)} {request.call_id}" if request.gate else ""
+        waiter = ""
+        if request.claim_s > 0 and request.call_id:
+            waiter = f"{self._origin} {request.call_id} {_fmt(request.claim_s)}"
         args: list[str | int | float] = [
             self._now(),
             request.permit_id,
             self._lease_arg,
             request.est_tokens,
             gate,
+            waiter,
         ]
         for terms in request.candidates:
             encoded = self._encoded(terms)
             keys += encoded.admit_keys
             args.append(encoded.admit_terms)
+        args.append(self.keys.wake)
         keys.append(self.keys.gate(request.scope))
         reply = await self._run("admit", keys, args)
         try:
             if int(reply[0]) == 1:
+                for call_id, source in zip(reply[3::2], reply[4::2], strict=True):
+                    self._releases.wake_call(str(call_id), str(source))  # handed on, here
                 return Grant(str(reply[1]), request.permit_id, float(reply[2]), self.lease_s)
             if int(reply[0]) == 2:
                 gated = float(reply[1])
                 return Denial(gated, (), gated_for_s=gated, gated_reset=str(reply[2]) == "1")
-            self._listen_for_releases()  # someone here is about to wait
+            if waiter:
+                self._listen_for_releases()  # someone here is about to wait
             reasons: list[tuple[str, BlockReason]] = [
                 (str(name), reason) for name, reason in zip(reply[2::2], reply[3::2], strict=True)
             ]
@@ -228,18 +236,27 @@ class RedisStore:
             settlement.used_tokens,
             _fmt(settlement.admitted_at),
             encoded.settle_terms,
-            self.keys.released,
+            self.keys.wake,
             encoded.release_message,
             _announced(settlement.limits),
         ]
+        permits, state, quota, _, queue, alive = encoded.admit_keys  # not the log: a send is a send
         keys = [
-            *encoded.admit_keys[:3],  # permits, state, quota (not the log: a send is a send)
+            permits,
+            state,
+            quota,
             self.keys.progress(settlement.scope),
             self.keys.gate(settlement.scope),
+            queue,
+            alive,
         ]
-        released = self._int(await self._run("settle", keys, args), "settle") == 1
-        if released:
-            self._releases.released(terms.name)  # this process's waiters, without a round trip
+        reply = await self._run("settle", keys, args)
+        if isinstance(reply, str) and reply not in ("0", "1"):
+            self._releases.wake_call(reply, terms.name)  # a waiter here: no message
+            return True
+        released = self._int(reply, "settle") == 1
+        if released:  # a watch here of a caller that does not queue, if any
+            self._releases.released(terms.name)
         return released
 
     async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
@@ -308,8 +325,8 @@ class RedisStore:
             tokens_used=None if quota.tpm is None else gcra_spent(token_ahead_s, 0.0, quota.tpm),
         )
 
-    def watch_releases(self, sources: Sequence[str]) -> Watch:
-        return self._releases.watch(sources)
+    def watch_releases(self, sources: Sequence[str], call_id: str = "") -> Watch:
+        return self._releases.watch(sources, call_id)
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         keys = [self.keys.permits(source.name), self.keys.state(source.name)]
@@ -363,20 +380,21 @@ class RedisStore:
             raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}") from exc
 
     def _listen_for_releases(self) -> None:
-        """Subscribe to other processes' releases, from the first time a caller here waits.
+        """Subscribe to this process's wake-up channel, from the first time a caller here
+        waits (a process whose calls never wait never subscribes).
 
-        A process whose calls never wait never subscribes, so it does not read
-        back every release of the fleet.
+        A message sent before the subscription is lost, not the permit: it stays
+        handed to its waiter until the waiter's next poll (its claim outlasts one).
         """
         if not self._closed and (self._listener is None or self._listener.done()):
             self._listener = asyncio.get_running_loop().create_task(self._listen())
 
     async def _listen(self) -> None:
-        """Wake this process's waiters when another process releases a permit."""
+        """Wake the waiter here another process's release handed a permit to."""
         while not self._closed:
             try:
                 async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
-                    await pubsub.subscribe(self.keys.released)
+                    await pubsub.subscribe(self.keys.wake + self._origin)
                     quiet_s = 0.0
                     while not self._closed:
                         message = await pubsub.get_message(timeout=1.0)
@@ -397,9 +415,9 @@ class RedisStore:
                 await asyncio.sleep(1.0)
 
     def _on_released(self, data: str) -> None:
-        origin, _, source = data.partition(" ")
-        if origin != self._origin and source:
-            self._releases.released(source)
+        call_id, _, source = data.partition(" ")
+        if call_id and source:
+            self._releases.wake_call(call_id, source)
 
 
 class LuaScript:
@@ -442,7 +460,7 @@ class LuaScript:
 class _Encoded:
     """What the scripts need of one source's terms, as they are sent."""
 
-    admit_keys: tuple[str, str, str, str]
+    admit_keys: tuple[str, str, str, str, str, str]
     admit_terms: str
     settle_terms: str
     release_message: str
@@ -461,6 +479,8 @@ class _Encoded:
                 keys.state(terms.name),
                 keys.quota(quota.name if quota else None),
                 keys.quota_log(quota.name if quota else None),
+                keys.queue(terms.name),
+                keys.alive(terms.name),
             ),
             admit_terms=f"{terms.name} {terms.max_concurrency} {initial} {rpm} {tpm} {window}",
             settle_terms=" ".join(

@@ -44,8 +44,18 @@ class Harness:
         scope: str = "s",
         permit_id: str | None = None,
         est_tokens: int = 0,
+        waiter: str = "",
+        claim_s: float = 3.0,
     ) -> Grant | Denial:
-        request = AdmitRequest(scope, candidates, permit_id or self.new_id(), est_tokens)
+        """Admit; `waiter` (a call id) waits if refused: it queues, claiming `claim_s`."""
+        request = AdmitRequest(
+            scope,
+            candidates,
+            permit_id or self.new_id(),
+            est_tokens,
+            call_id=waiter,
+            claim_s=claim_s if waiter else 0.0,
+        )
         return await self.store.admit(request)
 
     async def grant(self, *candidates: SourceTerms, **kwargs: object) -> Grant:

@@ -289,3 +289,85 @@ async def test_a_denial_is_not_a_release(h: Harness) -> None:
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
+
+
+# --- queued waiters: a release hands its permit to the first -------------------------------
+
+
+async def test_a_release_hands_its_permit_to_the_first_waiter(h: Harness) -> None:
+    held = await h.grant(ONE)
+    with h.store.watch_releases(["one"], "w1") as watch:
+        assert (await h.deny(ONE, waiter="w1")).blocked == (("one", "at_capacity"),)
+        waiter = asyncio.create_task(watch.wait())
+        await h.settle(held, ONE)
+        await h.turns()
+        assert waiter.done()
+        # held for the waiter: a newcomer (or one that does not queue) is refused
+        assert (await h.deny(ONE)).blocked == (("one", "at_capacity"),)
+        assert (await h.deny(ONE, waiter="late")).blocked == (("one", "at_capacity"),)
+        granted = await h.grant(ONE, waiter="w1")
+    assert granted.source == "one"
+    assert (await h.snapshot(ONE)).permits_in_use == 1
+
+
+async def test_waiters_are_served_in_arrival_order(h: Harness) -> None:
+    held = [await h.grant(A), await h.grant(A)]
+    order = ["w1", "w2", "w3"]
+    watches = {w: h.store.watch_releases(["a"], w) for w in order}
+    for w in order:
+        await h.deny(A, waiter=w)
+    await h.deny(A, waiter="w1")  # asking again keeps its place
+    woken: list[str] = []
+    for permit in held:
+        await h.settle(permit, A)
+        await h.turns()
+        woken += [w for w, watch in watches.items() if watch.woken_by and w not in woken]
+    assert woken == ["w1", "w2"]
+    assert isinstance(await h.admit(A, waiter="w3"), Denial)  # still waiting
+    for w in ("w1", "w2"):
+        await h.grant(A, waiter=w)
+    for watch in watches.values():
+        watch.__exit__(None, None, None)
+
+
+async def test_a_handed_permit_returns_when_its_claim_ends(h: Harness) -> None:
+    """A waiter that died after queueing holds nothing past its claim."""
+    held = await h.grant(ONE)
+    await h.deny(ONE, waiter="dead", claim_s=3.0)
+    await h.settle(held, ONE)  # handed to "dead", which never asks again
+    assert isinstance(await h.admit(ONE), Denial)
+    h.clock.advance(3.0)
+    await h.grant(ONE)
+
+
+async def test_a_waiter_whose_claim_ended_is_passed_over(h: Harness) -> None:
+    held = await h.grant(ONE)
+    await h.deny(ONE, waiter="gone", claim_s=3.0)
+    h.clock.advance(2.0)
+    await h.deny(ONE, waiter="live", claim_s=3.0)
+    h.clock.advance(1.5)  # "gone" stopped asking 3.5 s ago; "live" 1.5 s ago
+    with h.store.watch_releases(["one"], "live") as watch:
+        await h.settle(held, ONE)
+        await h.turns()
+        assert watch.woken_by == "one"
+    await h.grant(ONE, waiter="live")
+
+
+async def test_a_waiter_granted_elsewhere_hands_its_other_permit_on(h: Harness) -> None:
+    held_a, held_b = await h.grant(ONE), await h.grant(SourceTerms("two", 1))
+    two = SourceTerms("two", 1)
+    await h.deny(ONE, two, waiter="w1")  # queued on both
+    await h.deny(two, waiter="w2")
+    with h.store.watch_releases(["two"], "w2") as second:
+        await h.settle(held_b, two)  # handed to w1
+        await h.settle(held_a, ONE)  # w1 is also first on "one": handed that too
+        assert (await h.grant(ONE, two, waiter="w1")).source == "one"  # its first choice
+        await h.turns()
+        assert second.woken_by == "two"  # the permit w1 left on "two" went on to w2
+    assert (await h.grant(two, waiter="w2")).source == "two"
+
+
+async def test_a_caller_granted_at_once_does_not_queue(h: Harness) -> None:
+    granted = await h.grant(ONE, waiter="w1")
+    await h.settle(granted, ONE)
+    await h.grant(ONE)  # nobody was queued: the permit is free

@@ -1,29 +1,42 @@
 -- admit.lua: grant one permit at the first runnable candidate source (selection +
--- lease + breaker + AIMD + pause + quota, atomically).
+-- lease + breaker + AIMD + pause + quota, atomically), or queue the caller fleet-wide
+-- for the sources that refused it for capacity alone.
 --
 -- Key layout (every key shares the hash tag {<prefix>}, so one Cluster slot):
---   KEYS[4i-3]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s)
---   KEYS[4i-2]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
+--   KEYS[6i-5]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s);
+--                                                "~<call id>": a permit handed to that
+--                                                waiting call -> the end of its claim
+--   KEYS[6i-4]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
 --                                                last_decrease paused_until; learned
 --                                                quota: lrpm lreq ltpm ltok ltsince
 --                                                lseen (limits the provider announced,
 --                                                GCRA times, when tpm was learned, the
 --                                                last announcement)
---   KEYS[4i-1]  {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
+--   KEYS[6i-3]  {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
 --                                                a placeholder key when the source has none
---   KEYS[4i]    {p}:v1:quota:<group>:log   ZSET  permit id -> admission time (the RPM
+--   KEYS[6i-2]  {p}:v1:quota:<group>:log   ZSET  permit id -> admission time (the RPM
 --                                                sliding window); a placeholder likewise
---   KEYS[4n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
+--   KEYS[6i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> arrival (FIFO, fleet-wide)
+--   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
+--                                                each of its admissions)
+--   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id (chosen by the caller: a repeated admit returns its first grant)
 -- ARGV[3]  lease seconds
 -- ARGV[4]  estimated tokens
 -- ARGV[5]  "" (no gate), or "<probe lease s> <call id>": while the scope's gate is closed
 --          one call at a time may probe; the others are refused at once
--- ARGV[5+i]  the i-th candidate, best first, as one space-separated string:
+-- ARGV[6]  "" (the caller does not wait), or the waiter "<origin> <call id> <claim s>":
+--          refused for capacity alone, it joins the source's queue; a permit a release
+--          handed to it (see settle.lua) is its own; granted, it leaves every queue and
+--          hands on a permit it was handed elsewhere
+-- ARGV[6+i]  the i-th candidate, best first, as one space-separated string:
 --            "name cap initial_aimd_limit(0: the cap) rpm(0: none) tpm(0: none)
 --             window_s(0: rpm as a bucket, else a sliding window of this length)"
--- Returns  {1, name, admitted_at}                         a grant
+-- ARGV[7+n]  the wake-up channel of origin X is this text followed by X
+-- Returns  {1, name, admitted_at, call, source, ...}     a grant; then any waiter of
+--                                                         the caller's process a
+--                                                         permit was handed on to
 --          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota
 --          {2, gated_for_s, reset}                        refused by the scope's gate
@@ -63,20 +76,51 @@ local function charge(waits, tat, now, cost, limit)
   return new_tat
 end
 
+-- The first live waiter of a queue gets the permit just freed: it is held for the
+-- waiter until its claim ends, and the waiter's process is told (one message), or,
+-- when it is the caller's own process, named in the reply (`local_wakes`).
+local function hand_on(pkey, queue, alive, now, channel, name, own_origin, local_wakes)
+  while true do
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not head then return end
+    local claim_end = tonumber(redis.call('ZSCORE', alive, head) or '-1e300')
+    redis.call('ZREM', queue, head)
+    redis.call('ZREM', alive, head)
+    if claim_end > now then
+      local origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
+      redis.call('ZADD', pkey, now + tonumber(claim), '~' .. call)
+      if origin == own_origin then
+        local_wakes[#local_wakes + 1] = call
+        local_wakes[#local_wakes + 1] = name
+      else
+        redis.call('PUBLISH', channel .. origin, call .. ' ' .. name)
+      end
+      return
+    end
+  end
+end
+
 local now = store_now(ARGV[1])
 local permit = ARGV[2]
 local lease = tonumber(ARGV[3])
 local est = tonumber(ARGV[4])
-local n = #ARGV - 5
+local waiter = ARGV[6]
+local n = #ARGV - 7
+local channel = ARGV[7 + n]
+local handed, waiter_claim, own_origin = '', 0, ''
+if waiter ~= '' then
+  local origin, call, claim = string.match(waiter, '^(%S+) (%S+) (%S+)$')
+  handed, waiter_claim, own_origin = '~' .. call, tonumber(claim), origin
+end
 
 for i = 1, n do
-  if redis.call('ZSCORE', KEYS[4 * i - 3], permit) then
-    return {1, fields(ARGV[5 + i])[1], fmt(now)}
+  if redis.call('ZSCORE', KEYS[6 * i - 5], permit) then
+    return {1, fields(ARGV[6 + i])[1], fmt(now)}
   end
 end
 
 if ARGV[5] ~= '' then
-  local gkey = KEYS[4 * n + 1]
+  local gkey = KEYS[6 * n + 1]
   local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset')
   local closed_until = tonumber(g[1])
   if closed_until and closed_until <= now then
@@ -95,13 +139,15 @@ end
 local denial = {0, ''}
 local soonest = nil
 for i = 1, n do
-  local c = fields(ARGV[5 + i])
+  local c = fields(ARGV[6 + i])
   local name, cap = c[1], tonumber(c[2])
   local initial, rpm, tpm = tonumber(c[3]), tonumber(c[4]), tonumber(c[5])
   local window = tonumber(c[6])
-  local pkey, skey, qkey, lkey = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local pkey, skey, qkey, lkey = KEYS[6 * i - 5], KEYS[6 * i - 4], KEYS[6 * i - 3], KEYS[6 * i - 2]
 
   redis.call('ZREMRANGEBYSCORE', pkey, '-inf', fmt(now))  -- reclaim leases expired by now
+  -- a permit handed to this caller: its own (it takes the place of the hand-over)
+  local mine = handed ~= '' and redis.call('ZREM', pkey, handed) == 1
   local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until',
     'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen')
   local mode = st[1] or 'closed'
@@ -165,6 +211,12 @@ for i = 1, n do
   if #reasons > 0 then
     denial[#denial + 1] = name
     denial[#denial + 1] = reasons[1]
+    -- A permit handed to it that it cannot use (the source paused since, say) is freed
+    -- (above): the others would be refused alike, and poll.
+    if not mine and waiter ~= '' and #reasons == 1 and reasons[1] == 'at_capacity' then
+      redis.call('ZADD', KEYS[6 * i - 1], 'NX', now, waiter)
+      redis.call('ZADD', KEYS[6 * i], now + waiter_claim, waiter)
+    end
     if #known == #reasons then
       local reopen = math.max(unpack(known))
       if soonest == nil or reopen < soonest then soonest = reopen end
@@ -179,7 +231,18 @@ for i = 1, n do
       redis.call('ZADD', lkey, now, permit)
       redis.call('PEXPIRE', lkey, math.ceil(window * 1000) + 1000)
     end
-    return {1, name, fmt(now)}
+    local reply = {1, name, fmt(now)}
+    if waiter ~= '' then  -- out of every queue; a permit handed to it elsewhere moves on
+      for j = 1, n do
+        local queue, alive = KEYS[6 * j - 1], KEYS[6 * j]
+        if redis.call('ZREM', queue, waiter) == 1 then redis.call('ZREM', alive, waiter) end
+        if j ~= i and redis.call('ZREM', KEYS[6 * j - 5], handed) == 1 then
+          hand_on(KEYS[6 * j - 5], queue, alive, now, channel, fields(ARGV[6 + j])[1],
+            own_origin, reply)
+        end
+      end
+    end
+    return reply
   end
 end
 if soonest ~= nil then denial[2] = fmt(soonest) end

@@ -12,6 +12,8 @@
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
 -- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
+-- KEYS[6]  {p}:v1:src:<name>:queue     ZSET  waiters -> arrival (see admit.lua)
+-- KEYS[7]  {p}:v1:src:<name>:alive     ZSET  waiters -> end of their claim
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
 -- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
@@ -20,13 +22,18 @@
 -- ARGV[9]  the source's terms, space-separated: breaker threshold, cooldown_s,
 --          auth_cooldown_s; cap, AIMD increase, AIMD decrease factor, AIMD initial
 --          (0: the cap); tpm (0: none); progress TTL seconds
--- ARGV[10] release channel    ARGV[11] message published on it ("<origin> <source>")
+-- ARGV[10] the wake-up channel of origin X is this text followed by X
+-- ARGV[11] the settling process's origin, and the source's name: "<origin> <name>"
 -- ARGV[12] the provider's announced limits, "rpm remaining tpm remaining" (a limit of
 --          0: not announced): they move the learned quota as core.quota.learned_tat
 --          does, after the held permit's token estimate is settled (when the learned
 --          bucket charged it at admission); a quota not announced for LEARNED_TTL_S
 --          starts over
--- Returns  1 if the permit was held and is now released, else 0.
+-- Returns  0 if the permit was not held; else it is released and, when the source can
+--          run another call, handed to the first live waiter of the source's queue
+--          (fleet-wide FIFO): 1 (no waiter, or one of another process, told by a message
+--          on its channel), or the waiter's call id when it belongs to the settling
+--          process (which wakes it without a message).
 -- Time: Redis TIME unless ARGV[1] is given.
 
 local function store_now(arg)
@@ -131,5 +138,24 @@ if tpm > 0 and est > 0 then
   redis.call('HSET', KEYS[3], 'tok', fmt(tok + delta * 60.0 / tpm))
 end
 
-redis.call('PUBLISH', ARGV[10], ARGV[11])
-return 1
+-- hand the freed permit to the first live waiter, if the source can run a call now
+local origin, name = string.match(ARGV[11], '^(%S+) (%S+)$')
+local permits = math.max(1, math.min(cap, math.floor(limit)))
+local paused_until = tonumber(redis.call('HGET', skey, 'paused_until') or '-1e300')
+if mode == 'open' or probe or paused_until > now then return 1 end  -- waiters poll
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
+if redis.call('ZCARD', KEYS[1]) >= permits then return 1 end
+while true do
+  local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+  if not head then return 1 end
+  local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
+  redis.call('ZREM', KEYS[6], head)
+  redis.call('ZREM', KEYS[7], head)
+  if claim_end > now then
+    local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
+    redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
+    if waiter_origin == origin then return call end
+    redis.call('PUBLISH', ARGV[10] .. waiter_origin, call .. ' ' .. name)
+    return 1
+  end
+end

@@ -1,0 +1,162 @@
+"""One wake-up per released permit, fleet-wide: a release hands its permit to the first
+waiting call of the whole fleet (first come, first served across processes), and only
+that call's process is told. Real worker processes on a real Redis, default settings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from polygate_celery.governance.plan import claim_for
+from polygate_celery.store.redis import KeySpace, redis_client
+from tests.conftest import Figures
+from tests.integration.conftest import result_of, run_workers, spawn_worker
+from tests.integration.witness import Witness
+from tests.soak import size
+
+CALLERS = 32  # in all, shared out over the processes
+POLL_S = 1.0  # the package's default poll_interval_s
+CLAIM_S = claim_for(POLL_S)
+
+
+@pytest.mark.parametrize("processes", [1, 8, *([32] if size(ci=0, soak=1) else [])])
+async def test_a_release_wakes_one_waiter_of_the_fleet(
+    processes: int, redis_url: str, fleet_prefix: str, figures: Figures
+) -> None:
+    """Refused admissions per acquisition stay about one (a caller's first ask) whatever
+    the number of processes; the cap is exact."""
+    witness = await Witness().start()
+    calls = size(ci=8, soak=40)
+    base = {
+        "mode": "witness",
+        "redis_url": redis_url,
+        "prefix": fleet_prefix,
+        "cap": 4,
+        "callers": CALLERS // processes,
+        "calls": calls,
+        "hold_ms": 5,
+        "witness_port": witness.port,
+        "lease_s": 30,
+        "poll_interval_s": POLL_S,
+    }
+    try:
+        results = await run_workers([{**base, "seed": i} for i in range(processes)])
+    finally:
+        await witness.stop()
+    outcomes = sum((Counter(r["outcomes"]) for r in results), Counter())
+    granted = sum(r["granted"] for r in results)
+    refused = sum(r["admits"] - r["granted"] for r in results)
+    assert outcomes == {"success": CALLERS * calls}
+    assert granted == witness.served == CALLERS * calls
+    assert witness.peak == 4
+    per_acquisition = refused / granted
+    assert per_acquisition <= 1.5
+    figures(
+        f"wake-ups, {processes} x {CALLERS // processes} callers, cap 4: "
+        f"{per_acquisition:.2f} refused admissions per acquisition, witness peak {witness.peak}"
+    )
+
+
+async def _holder(redis_url: str, prefix: str, order_key: str, hold_key: str) -> Any:
+    """A process holding the only permit until the test pushes to `hold_key`."""
+    process = await spawn_worker(
+        {
+            "mode": "ordered",
+            "name": "holder",
+            "redis_url": redis_url,
+            "prefix": prefix,
+            "cap": 1,
+            "lease_s": 30,
+            "poll_interval_s": POLL_S,
+            "order_key": order_key,
+            "hold_key": hold_key,
+        }
+    )
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 60)
+    assert b"holding" in line
+    return process
+
+
+async def _queued(client: Any, queue: str, n: int, deadline_s: float = 60) -> None:
+    """Wait until the source's fleet-wide queue holds `n` waiters."""
+    end = time.monotonic() + deadline_s
+    while await client.zcard(queue) < n:
+        assert time.monotonic() < end, f"fewer than {n} waiters queued"
+        await asyncio.sleep(0.02)
+
+
+def _waiter_spec(redis_url: str, prefix: str, order_key: str, name: str) -> dict[str, Any]:
+    return {
+        "mode": "ordered",
+        "name": name,
+        "redis_url": redis_url,
+        "prefix": prefix,
+        "cap": 1,
+        "lease_s": 30,
+        "poll_interval_s": POLL_S,
+        "order_key": order_key,
+    }
+
+
+async def test_waiters_of_different_processes_are_served_in_arrival_order(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    order_key, hold_key = f"{fleet_prefix}:order", f"{fleet_prefix}:hold"
+    queue = KeySpace(fleet_prefix).queue("w")
+    client = redis_client(redis_url, socket_timeout_s=30)
+    holder = await _holder(redis_url, fleet_prefix, order_key, hold_key)
+    names = [f"w{i}" for i in range(5)]
+    waiters = []
+    try:
+        for i, name in enumerate(names):  # each joins the queue before the next starts
+            waiters.append(
+                await spawn_worker(_waiter_spec(redis_url, fleet_prefix, order_key, name))
+            )
+            await _queued(client, queue, i + 1)
+        await client.rpush(hold_key, "go")
+        results = [await result_of(p, 120) for p in [holder, *waiters]]
+        assert all(r["outcomes"] == {"success": 1} for r in results)
+        assert await client.lrange(order_key, 0, -1) == ["holder", *names]
+    finally:
+        await client.aclose()
+
+
+async def test_a_killed_waiter_delays_the_next_grant_by_its_claim_at_most(
+    redis_url: str, fleet_prefix: str, figures: Figures
+) -> None:
+    """The permit handed to a SIGKILLed waiter comes back when the claim ends (3 s by
+    default), not with the 30 s lease, nor never."""
+    order_key, hold_key = f"{fleet_prefix}:order", f"{fleet_prefix}:hold"
+    queue = KeySpace(fleet_prefix).queue("w")
+    client = redis_client(redis_url, socket_timeout_s=30)
+    holder = await _holder(redis_url, fleet_prefix, order_key, hold_key)
+    try:
+        dead = await spawn_worker(_waiter_spec(redis_url, fleet_prefix, order_key, "dead"))
+        await _queued(client, queue, 1)
+        os.kill(dead.pid, signal.SIGKILL)
+        await dead.wait()
+        following = await spawn_worker(_waiter_spec(redis_url, fleet_prefix, order_key, "next"))
+        await _queued(client, queue, 2)
+        released = time.monotonic()
+        await client.rpush(hold_key, "go")
+        while await client.llen(order_key) < 2:
+            assert time.monotonic() - released < 30, "the next waiter never got the permit"
+            await asyncio.sleep(0.02)
+        waited = time.monotonic() - released
+        assert [r["outcomes"] for r in [await result_of(holder), await result_of(following)]] == [
+            {"success": 1},
+            {"success": 1},
+        ]
+        assert await client.lrange(order_key, 0, -1) == ["holder", "next"]
+        # its claim (3 s) and one poll of the next waiter (1 s), with room for a busy machine
+        assert waited < CLAIM_S + POLL_S + 10
+        figures(f"a SIGKILLed waiter: the next waiter's grant {waited:.1f} s after the release")
+    finally:
+        await client.aclose()
