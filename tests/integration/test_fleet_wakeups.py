@@ -30,7 +30,7 @@ async def test_a_release_wakes_one_waiter_of_the_fleet(
     processes: int, redis_url: str, fleet_prefix: str, figures: Figures
 ) -> None:
     """Refused admissions per acquisition stay about one (a caller's first ask) whatever
-    the number of processes; the cap is exact."""
+    the number of processes; the cap holds."""
     witness = await Witness().start()
     calls = size(ci=8, soak=40)
     base = {
@@ -54,7 +54,7 @@ async def test_a_release_wakes_one_waiter_of_the_fleet(
     refused = sum(r["admits"] - r["granted"] for r in results)
     assert outcomes == {"success": CALLERS * calls}
     assert granted == witness.served == CALLERS * calls
-    assert witness.peak == 4
+    assert witness.peak <= 4  # (that 4 are reached is test_fleet_cap's, at 3,000 acquisitions)
     per_acquisition = refused / granted
     assert per_acquisition <= 1.5
     figures(

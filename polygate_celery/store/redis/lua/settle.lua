@@ -64,14 +64,17 @@ if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 
 local skey = KEYS[2]
+local a = redis.call('HMGET', skey, 'paused_until', 'ltpm', 'ltok', 'ltsince', 'lseen',
+  'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease')
+local paused_until = tonumber(a[1] or '-1e300')
 local pause = tonumber(ARGV[5])
 if pause and pause > 0 then
-  local paused_until = tonumber(redis.call('HGET', skey, 'paused_until') or '-1e300')
-  redis.call('HSET', skey, 'paused_until', fmt(math.max(paused_until, now + pause)))
+  paused_until = math.max(paused_until, now + pause)
+  redis.call('HSET', skey, 'paused_until', fmt(paused_until))
 end
 -- learned quota (mirrors polygate_celery.store.memory._Learned)
-local l = redis.call('HMGET', skey, 'ltpm', 'ltok', 'ltsince', 'lseen')
-if now - tonumber(l[4] or '-1e300') > LEARNED_TTL_S then
+local l = {a[2], a[3], a[4], a[5]}
+if l[4] and now - tonumber(l[4]) > LEARNED_TTL_S then  -- none learned: nothing to forget
   redis.call('HDEL', skey, 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince', 'lseen')
   l = {false, false, false, false}
 end
@@ -98,8 +101,7 @@ if effect == 'success' then
 end
 if not held then return 0 end
 
-local st = redis.call('HMGET', skey, 'mode', 'failures', 'open_until', 'probe', 'limit',
-  'last_decrease')
+local st = {a[6], a[7], a[8], a[9], a[10], a[11]}
 local mode, failures = st[1] or 'closed', tonumber(st[2] or '0')
 local open_until, probe = tonumber(st[3] or '0'), st[4]
 local limit, last_decrease = tonumber(st[5] or initial), tonumber(st[6] or '-1e300')
@@ -130,7 +132,11 @@ end
 
 redis.call('HSET', skey, 'mode', mode, 'failures', failures, 'open_until', fmt(open_until),
   'limit', fmt(limit), 'last_decrease', fmt(last_decrease))
-if probe then redis.call('HSET', skey, 'probe', probe) else redis.call('HDEL', skey, 'probe') end
+if probe then
+  redis.call('HSET', skey, 'probe', probe)
+elseif st[4] then
+  redis.call('HDEL', skey, 'probe')
+end
 
 if tpm > 0 and est > 0 then
   local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')
@@ -139,15 +145,13 @@ if tpm > 0 and est > 0 then
 end
 
 -- hand the freed permit to the first live waiter, if the source can run a call now
-local origin, name = string.match(ARGV[11], '^(%S+) (%S+)$')
-local permits = math.max(1, math.min(cap, math.floor(limit)))
-local paused_until = tonumber(redis.call('HGET', skey, 'paused_until') or '-1e300')
+local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
+if not head then return 1 end  -- nobody waits: nothing more to do
 if mode == 'open' or probe or paused_until > now then return 1 end  -- waiters poll
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
-if redis.call('ZCARD', KEYS[1]) >= permits then return 1 end
-while true do
-  local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
-  if not head then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= math.max(1, math.min(cap, math.floor(limit))) then return 1 end
+local origin, name = string.match(ARGV[11], '^(%S+) (%S+)$')
+while head do
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
   redis.call('ZREM', KEYS[6], head)
   redis.call('ZREM', KEYS[7], head)
@@ -158,4 +162,6 @@ while true do
     redis.call('PUBLISH', ARGV[10] .. waiter_origin, call .. ' ' .. name)
     return 1
   end
+  head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
 end
+return 1
