@@ -1,0 +1,199 @@
+"""Fleet scale: over a thousand concurrent governed calls from many processes, one cap,
+one quota, against the simulated provider.
+
+Run: ``.venv/bin/python benchmarks/fleet.py [--processes 16] [--callers 63]``
+(a private ``redis-server``; the simulator in this process). Prints a Markdown
+report; `benchmarks/results/fleet.md` is the committed run (``make soak`` writes it).
+
+`processes` worker processes of `callers` callers each start one chat call at the
+same moment (16 x 63 = 1,008 calls in flight). The one source has the package's
+defaults but ``max_concurrency = 8`` and ``rpm = 600`` (a bucket, the default
+window); the provider serves at most 8 at once and 600 a minute as a token bucket
+(as OpenAI's limits refill), answering in 0.2-0.4 s, and refuses with a 429
+anything beyond. Reported: every call's verdict; the provider's peak concurrency
+and its refusals (429 for capacity or rate: any means the fleet went over); the
+most requests in any 60 s window; refused admissions per acquisition; the whole
+run's Redis commands, commands per second and Redis CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CAP, RPM = 8, 600
+LATENCY_S = (0.2, 0.4)
+
+
+def config(base_url: str) -> dict[str, Any]:
+    return {
+        "sources": {
+            "sim": {
+                "base_url": base_url,
+                "model": "fleet-model",
+                "max_concurrency": CAP,
+                "rpm": RPM,
+                "timeout_s": 30,
+            }
+        },
+        "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}},
+    }
+
+
+async def worker(spec: dict[str, Any]) -> dict[str, Any]:
+    from polygate_celery import AllSourcesExhausted, Gateway, parse_config  # noqa: PLC0415
+    from polygate_celery.store import Grant  # noqa: PLC0415
+    from polygate_celery.store.redis import RedisStore, redis_client  # noqa: PLC0415
+
+    store = RedisStore.from_url(spec["url"], prefix=spec["prefix"])
+    counts = {"admits": 0, "granted": 0}
+    admit = store.admit
+
+    async def counted(request: Any) -> Any:
+        answer = await admit(request)
+        counts["admits"] += 1
+        counts["granted"] += isinstance(answer, Grant)
+        return answer
+
+    store.admit = counted  # type: ignore[method-assign]
+    gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
+    client = redis_client(spec["url"], socket_timeout_s=600)
+    await client.rpush(spec["ready"], "1")
+    await client.blpop([spec["go"]], timeout=600)
+    await client.aclose()
+    verdicts: Counter[str] = Counter()
+
+    async def caller() -> None:
+        try:
+            await gateway.chat("summarise", [{"role": "user", "content": "summarise this"}])
+            verdicts["success"] += 1
+        except AllSourcesExhausted as exc:
+            verdicts[exc.reason] += 1
+
+    await asyncio.gather(*(caller() for _ in range(spec["callers"])))
+    await gateway.aclose()
+    return {**counts, "verdicts": dict(verdicts)}
+
+
+def busiest_window(arrivals: list[float], window_s: float = 60.0) -> int:
+    arrivals = sorted(arrivals)
+    most, first = 0, 0
+    for last, at in enumerate(arrivals):
+        while arrivals[first] <= at - window_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+async def run(url: str, processes: int, callers: int) -> str:
+    import redis  # noqa: PLC0415
+
+    from polygate_celery.testing.simulator import (  # noqa: PLC0415
+        ModelBehaviour,
+        SimulatedProvider,
+    )
+
+    behaviour = ModelBehaviour(capacity=CAP, rpm=RPM, rate_limiter="bucket", latency_s=LATENCY_S)
+    run_id = uuid.uuid4().hex[:8]
+    with SimulatedProvider({"fleet-model": behaviour}) as provider:
+        spec = {
+            "url": url,
+            "base_url": provider.url,
+            "prefix": f"fleet-{run_id}",
+            "ready": f"bench:{run_id}:ready",
+            "go": f"bench:{run_id}:go",
+            "callers": callers,
+        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POLYGATE_")}
+        children = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--worker",
+                json.dumps(spec),
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            for _ in range(processes)
+        ]
+        with redis.Redis.from_url(url, decode_responses=True) as client:
+            for _ in range(processes):
+                client.blpop([spec["ready"]], timeout=600)
+            client.config_resetstat()
+            cpu = client.info("cpu")
+            began = time.perf_counter()
+            client.rpush(spec["go"], *["go"] * processes)
+            outputs = [await child.communicate() for child in children]
+            elapsed = time.perf_counter() - began
+            cpu_after = client.info("cpu")
+            stats = client.info("commandstats")
+            for key in client.scan_iter(match=f"{{{spec['prefix']}}}*"):
+                client.delete(key)
+        journal = provider.journal
+    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
+    granted = sum(r["granted"] for r in results)
+    refused = sum(r["admits"] - r["granted"] for r in results)
+    harness = {"cmdstat_info", "cmdstat_config|resetstat", "cmdstat_rpush", "cmdstat_blpop"}
+    commands = sum(int(v["calls"]) for k, v in stats.items() if k not in harness)
+    redis_cpu = sum(float(cpu_after[k]) - float(cpu[k]) for k in ("used_cpu_sys", "used_cpu_user"))
+    outcomes = Counter(e.outcome for e in journal)
+    served = [e for e in journal if e.outcome == "ok"]
+    lines = [
+        "# Fleet scale: 1,000+ concurrent governed calls, one cap, one quota",
+        "",
+        f"{processes} processes x {callers} callers = {processes * callers} chat calls started "
+        f"at once; source max_concurrency {CAP}, rpm {RPM} (default bucket), other settings "
+        f"default; the simulated provider: capacity {CAP}, {RPM} RPM as a token bucket, "
+        f"{LATENCY_S[0]}-{LATENCY_S[1]} s per answer. Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs, a private redis-server; load average at the end "
+        f"{os.getloadavg()[0]:.1f}.",
+        "",
+        "| what | figure |",
+        "|---|---|",
+        f"| verdicts | {dict(sorted(verdicts.items()))} |",
+        f"| requests the provider saw | {len(journal)} ({dict(sorted(outcomes.items()))}) |",
+        f"| provider refusals (429 for capacity or rate) | "
+        f"{sum(n for o, n in outcomes.items() if o.startswith('429'))} |",
+        f"| most requests in any 60 s window | {busiest_window([e.at for e in journal])} "
+        f"(rpm {RPM}) |",
+        f"| requests served | {len(served)} in {elapsed:.1f} s |",
+        f"| refused admissions per acquisition | {refused / max(granted, 1):.2f} "
+        f"({refused} refused, {granted} granted) |",
+        f"| Redis commands, whole run | {commands:,} ({commands / elapsed:,.0f}/s, "
+        f"{commands / max(granted, 1):.1f} per acquisition) |",
+        f"| Redis CPU, whole run | {redis_cpu:.2f} s ({100 * redis_cpu / elapsed:.1f} % of one "
+        f"core; {1000 * redis_cpu / max(granted, 1):.2f} ms per acquisition) |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", type=int, default=16)
+    parser.add_argument("--callers", type=int, default=63)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(asyncio.run(worker(json.loads(args.worker)))), flush=True)
+        return
+    from tests.redis_server import RedisServer  # noqa: PLC0415
+
+    with RedisServer() as server:
+        print(asyncio.run(run(server.url, args.processes, args.callers)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The fleet benchmarks run end to end at a tiny size, so `make soak` never finds them rotten."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(script: str, *argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *argv],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_fleet_scale_run_reports_every_call_and_no_refusal() -> None:
+    report = run("fleet.py", "--processes", "2", "--callers", "5")
+    assert "| verdicts | {'success': 10} |" in report
+    assert "| provider refusals (429 for capacity or rate) | 0 |" in report
+
+
+def test_the_wake_up_table_has_a_row_per_process_count() -> None:
+    report = run("fleet_wakeups.py", "--processes", "1,2", "--callers", "4", "--acquisitions", "40")
+    rows = [
+        line
+        for line in report.splitlines()
+        if line.startswith("| 1 x 4 ") or line.startswith("| 2 x 2 ")
+    ]
+    assert len(rows) == 2, report
