@@ -69,7 +69,7 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     store.admit = counted  # type: ignore[method-assign]
     gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
-    client = redis_client(spec["url"], socket_timeout_s=600)
+    client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
     await client.rpush(spec["ready"], "1")
     await client.blpop([spec["go"]], timeout=600)
     await client.aclose()
