@@ -31,7 +31,7 @@ MODELS: dict[str, ModelBehaviour] = {
         api_key=KEY, error_rates={429: 1.0}, retry_after="ms", retry_after_s=1.5
     ),
     "ratelimit-none": ModelBehaviour(api_key=KEY, error_rates={429: 1.0}, retry_after="none"),
-    "queued": ModelBehaviour(api_key=KEY, queueing_s=3.0, retry_after_s=5),
+    "queued": ModelBehaviour(api_key=KEY, queueing_s=5.0, retry_after_s=5),
     "e408": ModelBehaviour(api_key=KEY, error_rates={408: 1.0}),
     "e409": ModelBehaviour(api_key=KEY, error_rates={409: 1.0}),
     "e500": ModelBehaviour(api_key=KEY, error_rates={500: 1.0}),
