@@ -78,4 +78,4 @@ async def test_progress_in_one_process_keeps_another_out_of_the_stall_verdict(
     assert kept["since_pause_s"] >= 6.0
     assert kept["seconds"] > 2 * 2  # well past its own 2 s stall window
     assert alone["outcomes"]["stalled"] == 1  # nothing anywhere made progress
-    assert alone["seconds"] < 4.0
+    assert alone["seconds"] < 6.0  # it gave up while the source was still paused
