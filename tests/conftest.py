@@ -192,6 +192,7 @@ async def until(condition: Callable[[], bool], turns: int = 100_000) -> None:
 # -- the soak tier's figures -------------------------------------------------------------------
 
 _FIGURES: list[tuple[str, str]] = []
+_PENDING: dict[str, list[str]] = {}
 SOAK_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "soak.md"
 
 Figures = Callable[[str], None]
@@ -199,13 +200,24 @@ Figures = Callable[[str], None]
 
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Figures:
-    """Record a test's measured figures: printed always, written to soak.md under ``make soak``."""
+    """Record a test's measured figures: printed always, written to soak.md under ``make soak``
+    only if the test then passes (a failing run's figures are no result)."""
 
     def record(text: str) -> None:
         print(text)
-        _FIGURES.append((request.node.nodeid, text))
+        _PENDING.setdefault(request.node.nodeid, []).append(text)
 
     return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        texts = _PENDING.pop(item.nodeid, [])
+        if report.passed:
+            _FIGURES.extend((item.nodeid, text) for text in texts)
+    return report
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
