@@ -151,14 +151,25 @@ GatewayFactory = Callable[..., Gateway]
 
 
 @pytest.fixture
-def gateway(clock: VirtualClock, recorder: Recorder, store: Store) -> GatewayFactory:
+def own_store_gateway(clock: VirtualClock, recorder: Recorder) -> GatewayFactory:
+    """`gateway` for a test that passes a store of its own (``store=``): run once, not once
+    per store kind, so that no test id names a store the test does not use."""
+
+    def build(config: GatewayConfig, sources: Mapping[str, Source], **kwargs: Any) -> Gateway:
+        kwargs.setdefault("random", lambda: 0.0)
+        kwargs.setdefault("hooks", [recorder])
+        return Gateway(config, sources, clock=clock, **kwargs)
+
+    return build
+
+
+@pytest.fixture
+def gateway(own_store_gateway: GatewayFactory, store: Store) -> GatewayFactory:
     """Build a deterministic gateway: virtual clock, random source fixed at 0, events recorded."""
 
     def build(config: GatewayConfig, sources: Mapping[str, Source], **kwargs: Any) -> Gateway:
         kwargs.setdefault("store", store)
-        kwargs.setdefault("random", lambda: 0.0)
-        kwargs.setdefault("hooks", [recorder])
-        return Gateway(config, sources, clock=clock, **kwargs)
+        return own_store_gateway(config, sources, **kwargs)
 
     return build
 

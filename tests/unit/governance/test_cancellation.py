@@ -95,11 +95,11 @@ class BrokenAdapter:
 
 
 async def test_a_cancellation_during_the_release_still_passes_through(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
     store = SlowSettleStore(clock)
     store.clock = clock
-    gw = gateway(make_config("chat"), {"a": BrokenAdapter()}, store=store)
+    gw = own_store_gateway(make_config("chat"), {"a": BrokenAdapter()}, store=store)
     call = asyncio.ensure_future(gw.call("s", "x"))
     canceller = asyncio.ensure_future(cancel_at(clock, call, 1.0))  # type: ignore[arg-type]
     with pytest.raises(asyncio.CancelledError):

@@ -52,11 +52,13 @@ class LeasingStore(MemoryStore):
 
 
 async def test_a_long_attempt_keeps_its_lease_by_batched_renewals(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
     store = LeasingStore(clock)
     source = ScriptedSource(clock, itertools.repeat(steps.ok("done", duration_s=300)))
-    gw = gateway(make_config("chat", {"a": {"timeout_s": 600}}), {"a": source}, store=store)
+    gw = own_store_gateway(
+        make_config("chat", {"a": {"timeout_s": 600}}), {"a": source}, store=store
+    )
 
     results = await asyncio.gather(*(gw.call("s", i) for i in range(3)))
 
@@ -77,11 +79,13 @@ async def test_a_long_attempt_keeps_its_lease_by_batched_renewals(
     ],
 )
 async def test_an_attempt_whose_lease_is_not_guaranteed_is_stopped_before_it_lapses(
-    clock: VirtualClock, gateway: GatewayFactory, mode: str, stopped_by: float, why: str
+    clock: VirtualClock, own_store_gateway: GatewayFactory, mode: str, stopped_by: float, why: str
 ) -> None:
     store = LeasingStore(clock, renew=mode)
     source = ScriptedSource.always(clock, steps.ok(duration_s=300))
-    gw = gateway(make_config("chat", {"a": {"timeout_s": 600}}), {"a": source}, store=store)
+    gw = own_store_gateway(
+        make_config("chat", {"a": {"timeout_s": 600}}), {"a": source}, store=store
+    )
 
     with pytest.raises(GovernanceBackendError, match=why):
         await gw.call("s", "x")
@@ -93,10 +97,10 @@ async def test_an_attempt_whose_lease_is_not_guaranteed_is_stopped_before_it_lap
 
 
 async def test_a_cancelled_leased_attempt_is_cancelled_not_a_backend_error(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
     store = LeasingStore(clock)
-    gw = gateway(
+    gw = own_store_gateway(
         make_config("chat", {"a": {"timeout_s": 600}}),
         {"a": ScriptedSource.always(clock, steps.ok(duration_s=300))},
         store=store,
@@ -111,14 +115,16 @@ async def test_a_cancelled_leased_attempt_is_cancelled_not_a_backend_error(
 
 
 async def test_a_renewal_answered_after_its_attempt_ended_cancels_nothing(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
     """The renewal is in flight when the attempt settles; its 'not held' is old news."""
     store = LeasingStore(clock, renew="slow-reclaimed")
     source = ScriptedSource(
         clock, [steps.ok("first", duration_s=10.5), steps.ok("second", duration_s=1)]
     )
-    gw = gateway(make_config("chat", {"a": {"timeout_s": 600}}), {"a": source}, store=store)
+    gw = own_store_gateway(
+        make_config("chat", {"a": {"timeout_s": 600}}), {"a": source}, store=store
+    )
 
     assert (await gw.call("s", "x")).value == "first"  # ends at 10.5, the t=10 renewal pending
     store.gate.set()
@@ -127,11 +133,11 @@ async def test_a_renewal_answered_after_its_attempt_ended_cancels_nothing(
 
 
 async def test_a_grant_that_arrives_too_late_sends_nothing(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
     store = LeasingStore(clock, admit_delay_s=LEASE_S * 5 / 6)
     source = ScriptedSource.always(clock, steps.ok())
-    gw = gateway(make_config("chat"), {"a": source}, store=store)
+    gw = own_store_gateway(make_config("chat"), {"a": source}, store=store)
 
     with pytest.raises(GovernanceBackendError, match="too late"):
         await gw.call("s", "x")

@@ -111,10 +111,12 @@ class FailingSettleStore(MemoryStore):
 
 
 async def test_raising_settle_after_success_still_returns_the_result(
-    clock: VirtualClock, gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+    clock: VirtualClock, own_store_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = FailingSettleStore(clock, {Effect.SUCCESS})
-    gw = gateway(make_config(), {"a": ScriptedSource.always(clock, steps.ok("paid"))}, store=store)
+    gw = own_store_gateway(
+        make_config(), {"a": ScriptedSource.always(clock, steps.ok("paid"))}, store=store
+    )
 
     result = await gw.call("s", "x")
 
@@ -123,11 +125,11 @@ async def test_raising_settle_after_success_still_returns_the_result(
 
 
 async def test_raising_settle_after_failure_fails_closed(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
     store = FailingSettleStore(clock, {Effect.FAILURE})
     source = ScriptedSource.always(clock, steps.server_error())
-    gw = gateway(make_config(), {"a": source}, store=store)
+    gw = own_store_gateway(make_config(), {"a": source}, store=store)
 
     with pytest.raises(GovernanceBackendError):
         await gw.call("s", "x")
@@ -140,10 +142,10 @@ class UnreachableStore(MemoryStore):
 
 
 async def test_unreachable_store_sends_nothing(
-    clock: VirtualClock, gateway: GatewayFactory
+    clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
     source = ScriptedSource.always(clock, steps.ok())
-    gw = gateway(make_config(), {"a": source}, store=UnreachableStore(clock))
+    gw = own_store_gateway(make_config(), {"a": source}, store=UnreachableStore(clock))
 
     with pytest.raises(GovernanceBackendError):
         await gw.call("s", "x")
