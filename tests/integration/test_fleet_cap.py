@@ -38,10 +38,9 @@ async def test_cap_4_holds_across_8_processes_of_8_callers(
         await witness.stop()
     outcomes = sum((Counter(r["outcomes"]) for r in results), Counter())
     assert outcomes == {"success": PROCESSES * CALLERS * calls}
-    assert outcomes["success"] >= ACQUISITIONS
     assert witness.served == outcomes["success"]
-    figures(f"{outcomes['success']:,} acquisitions, cap 4, witness peak {witness.peak}")
     assert witness.peak == 4
+    figures(f"{outcomes['success']:,} acquisitions, cap 4, witness peak {witness.peak}")
 
 
 async def test_cap_1_keeps_an_unguarded_counter_exact(redis_url: str, fleet_prefix: str) -> None:

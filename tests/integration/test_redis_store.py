@@ -8,8 +8,9 @@ import pytest
 from redis.crc import key_slot
 
 from polygate_celery import GovernanceBackendError
+from polygate_celery.core.breaker import Effect
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
-from polygate_celery.store import AdmitRequest
+from polygate_celery.store import AdmitRequest, Grant, Settlement
 from polygate_celery.store.redis import KeySpace, RedisStore
 from tests.redis_server import free_port
 
@@ -74,6 +75,10 @@ async def test_keys_expire_or_stay_bounded(redis_url: str, fleet_prefix: str) ->
     store = RedisStore.from_url(redis_url, prefix=fleet_prefix)
     await store.mark_progress("s")
     assert 3590 <= await store.client.ttl(store.keys.progress("s")) <= 3600
+    grant = await store.admit(AdmitRequest("s", (TERMS,), "p"))
+    assert isinstance(grant, Grant)
+    assert await store.client.zcard(store.keys.permits("a")) == 1
+    await store.settle(Settlement("s", TERMS, grant.permit_id, grant.admitted_at, Effect.SUCCESS))
     assert await store.client.exists(store.keys.permits("a")) == 0
     await store.aclose()
 
