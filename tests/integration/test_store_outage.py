@@ -20,7 +20,12 @@ from tests.redis_server import RedisServer
 LEASE_S, SOCKET_TIMEOUT_S, CAP = 3.0, 2.0, 2
 
 
+LONG_MS = 20_000.0  # a request far longer than the lease: only a cancelled attempt ends sooner
+
+
 class WitnessSource:
+    """Requests of 20-200 ms, but a payload of "long" holds for `LONG_MS`."""
+
     def __init__(self, port: int) -> None:
         self.port = port
         self.clients: dict[int, WitnessClient] = {}
@@ -28,7 +33,7 @@ class WitnessSource:
 
     async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
         client = self.clients.setdefault(id(asyncio.current_task()), WitnessClient(self.port))
-        await client.hold(self.rng.uniform(20, 200))
+        await client.hold(LONG_MS if payload == "long" else self.rng.uniform(20, 200))
         return Outcome.success("ok")
 
 
@@ -40,11 +45,11 @@ class Load:
     calls: list[tuple[float, float, str]] = field(default_factory=list)
     running: bool = True
 
-    async def caller(self) -> None:
+    async def caller(self, payload: str = "x") -> None:
         while self.running:
             started = time.monotonic()
             try:
-                await self.gateway.call("s", "x")
+                await self.gateway.call("s", payload)
                 verdict = "success"
             except GovernanceBackendError:
                 verdict = "backend_error"
@@ -81,6 +86,7 @@ async def run_load(
     source = WitnessSource(witness.port)
     load = Load(Gateway(config, {"w": source}, store=store))
     tasks = [asyncio.ensure_future(load.caller()) for _ in range(callers)]
+    tasks.append(asyncio.ensure_future(load.caller("long")))  # in flight when Redis goes
     try:
         await asyncio.sleep(1.0)
         marks = await disturb()
@@ -103,13 +109,12 @@ def assert_fails_closed_and_recovers(load: Load, witness: Witness, down: float, 
     print(f"{len(during)} calls failed closed while Redis was away; slowest {slowest:.2f} s")
     assert slowest <= SOCKET_TIMEOUT_S + 0.5
     # No request started at the source without a live lease: none while Redis was away,
-    # and the ones in flight when it went were cut before their leases could expire.
-    assert not [t for t in witness.starts if down + 0.05 < t < up]
-    assert all(
-        end <= down + LEASE_S
-        for start, end in zip(witness.starts, witness.ends, strict=False)
-        if start < down < end
-    )
+    # and the ones in flight when it went (the long one among them, which would have
+    # run 20 s) were cut before their leases could expire.
+    assert not [start for start, _, _ in witness.spans if down + 0.05 < start < up]
+    cut = [(start, end, hold) for start, end, hold in witness.spans if start < down < end]
+    assert any(hold > LEASE_S for _, _, hold in cut), "the long request was not in flight"
+    assert all(end <= down + LEASE_S for _, end, _ in cut), (down, cut)
     assert witness.peak <= CAP
     after = [verdict for start, _, verdict in load.calls if start >= up + 2.5]
     assert after, "no call after Redis came back"

@@ -9,6 +9,7 @@ outside view of the fleet-wide concurrency cap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -18,8 +19,10 @@ class Witness:
     in_flight: int = 0
     peak: int = 0
     served: int = 0
-    starts: list[float] = field(default_factory=list)  # time.monotonic() of each request
-    ends: list[float] = field(default_factory=list)
+    # (start, end, hold asked for) of each request, time.monotonic() and seconds; a request
+    # ends when its hold is over or when its caller goes away (a cancelled attempt closes
+    # its connection)
+    spans: list[tuple[float, float, float]] = field(default_factory=list)
     server: asyncio.base_events.Server | None = None
     port: int = 0
 
@@ -38,12 +41,14 @@ class Witness:
             while line := await reader.readline():
                 self.in_flight += 1
                 self.peak = max(self.peak, self.in_flight)
-                self.starts.append(time.monotonic())
+                start, hold_s = time.monotonic(), float(line) / 1000
                 try:
-                    await asyncio.sleep(float(line) / 1000)
+                    gone = await self._caller_leaves(reader, hold_s)
                 finally:
                     self.in_flight -= 1
-                    self.ends.append(time.monotonic())
+                    self.spans.append((start, time.monotonic(), hold_s))
+                if gone:
+                    break
                 self.served += 1
                 writer.write(b"ok\n")
                 await writer.drain()
@@ -51,6 +56,19 @@ class Witness:
             pass
         finally:
             writer.close()
+
+    @staticmethod
+    async def _caller_leaves(reader: asyncio.StreamReader, hold_s: float) -> bool:
+        """Hold for `hold_s`; True if the caller closed its connection before (a caller
+        sends nothing more while it waits for its reply)."""
+        leaving = asyncio.ensure_future(reader.read(1))
+        try:
+            done, _ = await asyncio.wait({leaving}, timeout=hold_s)
+        finally:
+            leaving.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await leaving  # the reader is free again before the next request is read
+        return bool(done)
 
 
 class WitnessClient:
