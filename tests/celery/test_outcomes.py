@@ -11,6 +11,7 @@ from celery import chain, chord
 
 from polygate_celery import AllSourcesExhausted, DeferralBudgetExceeded, SourceFatalError
 from polygate_celery.celery import DEFERRED
+from polygate_celery.celery.parking import lot_name
 from tests.celery.app import after, ask, ask_async, ask_twice, collect, fatal
 from tests.celery.conftest import Worker
 
@@ -26,6 +27,13 @@ def wait_for_state(result: Any, state: str, within_s: float = 10) -> dict[str, A
             return result.info or {}
         time.sleep(0.05)
     raise AssertionError(f"{result.id} never reached {state} (is {result.state})")
+
+
+def wait_until(condition: Any, within_s: float = 10) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.02)
 
 
 def pause(runtime: Any, source: str, seconds: float) -> None:
@@ -48,8 +56,13 @@ def test_a_stalled_scope_defers_the_task_which_then_succeeds(
         pause(runtime, "main", 3.0)  # longer than the 1 s stall window
         result = ask.delay("later")
         meta = wait_for_state(result, DEFERRED)
-        assert meta["reason"] == "stalled"
+        assert (meta["reason"], meta["strategy"]) == ("stalled", strategy)
         assert meta["deferrals"] >= 1
+        lot = runtime.keys.parked(lot_name(ask.app))
+        if strategy == "countdown":  # it waits in the broker, not in the lot
+            assert runtime.blocking_redis.zcard(lot) == 0
+        else:  # parked until the pause ends (its entry is written just after the state)
+            wait_until(lambda: runtime.blocking_redis.zcard(lot) == 1)
         assert result.get(timeout=30) == "fine"
     executions = runs(broker, result.id)
     assert executions >= 2  # = deferrals + 1, with the same task id throughout
