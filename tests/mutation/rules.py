@@ -1,0 +1,151 @@
+"""Named rule mutations: each promise broken on purpose, alone, in a scratch copy; a test must fail.
+
+``make mutate`` runs this module. For every rule below it checks out the
+committed tree into a scratch worktree, applies the one change, runs the tests
+that guard the rule (on a Redis of their own) and records whether they failed.
+A mutant whose tests all pass is a promise no test would catch breaking; the
+report (``benchmarks/results/mutations.md``) lists each rule with its verdict,
+and the run exits 1 if any survived.
+
+Usage: ``python -m tests.mutation.rules [NAME ...]`` (all rules by default).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "benchmarks" / "results" / "mutations.md"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    rule: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = (
+    Mutation(
+        "guard-running",
+        "execution guard: a copy of a live run is not run beside it",
+        "polygate_celery/celery/lua/execution.lua",
+        "if owner and owner ~= token then\n  return {'running', redis.call('PTTL', KEYS[1])}\nend",
+        "",
+        ("tests/celery/test_deferral_identity.py", "tests/celery/test_parking.py"),
+    ),
+    Mutation(
+        "poison-cap",
+        "poison cap: a message whose runs died more than redelivery_cap times fails",
+        "polygate_celery/celery/lua/execution.lua",
+        "if times > tonumber(ARGV[6]) then return {'poison'} end",
+        "",
+        ("tests/celery/test_deferral_identity.py", "tests/celery/test_worker_processes.py"),
+    ),
+    Mutation(
+        "done-marker",
+        "done marker: a copy of a finished run is dropped",
+        "polygate_celery/celery/lua/execution.lua",
+        "if began and string.sub(began, 1, 2) ~= 'b:' then return {'done'} end",
+        "",
+        ("tests/celery/test_parking.py", "tests/celery/test_deferral_identity.py"),
+    ),
+    Mutation(
+        "lease-cancel",
+        "a lease that cannot be guaranteed cancels its attempt (real Redis)",
+        "polygate_celery/governance/lease.py",
+        "lease.owner.cancel()",
+        "pass",
+        ("tests/integration/test_store_outage.py",),
+    ),
+    Mutation(
+        "wake-other-process",
+        "a release wakes the waiting call it was handed to, in another process",
+        "polygate_celery/store/redis/store.py",
+        "            self._releases.wake_call(call_id, source)\n",
+        "            pass\n",
+        ("tests/integration/test_fleet_wakeups.py",),
+    ),
+    Mutation(
+        "countdown-strategy",
+        'deferral.strategy = "countdown" defers by countdown, not into the parking lot',
+        "polygate_celery/celery/deferral.py",
+        'chosen = strategy or (config.strategy if runtime.redis is not None else "countdown")',
+        'chosen = "park"',
+        ("tests/celery/test_outcomes.py",),
+    ),
+)
+
+
+def run(mutation: Mutation, python: str) -> tuple[str, float, str]:
+    """("killed" | "survived" | "not applied", seconds, the failing tests or why)."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"mutant-{mutation.name}-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(scratch)],
+                   check=True)  # fmt: skip
+    try:
+        target = scratch / mutation.path
+        text = target.read_text(encoding="utf-8")
+        if text.count(mutation.old) != 1:
+            return "not applied", 0.0, "the code it breaks is not there once"
+        target.write_text(text.replace(mutation.old, mutation.new), encoding="utf-8")
+        started = time.monotonic()
+        env = {**os.environ, "POLYGATE_TEST_REDIS": "private", "PYTHONPATH": str(scratch)}
+        result = subprocess.run(
+            [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutation.tests],
+            cwd=scratch, env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        seconds = time.monotonic() - started
+        failed = [line.split(" ")[1] for line in result.stdout.splitlines()
+                  if line.startswith(("FAILED ", "ERROR "))]  # fmt: skip
+        if result.returncode == 0:
+            return "survived", seconds, ""
+        return "killed", seconds, ", ".join(failed) or f"pytest exit {result.returncode}"
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(scratch)],
+                       check=False)  # fmt: skip
+
+
+def main(names: list[str]) -> int:
+    chosen = [m for m in MUTATIONS if not names or m.name in names]
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    rows = []
+    for mutation in chosen:
+        verdict, seconds, detail = run(mutation, sys.executable)
+        print(f"{mutation.name}: {verdict} ({seconds:.0f} s) {detail}", flush=True)
+        rows.append((mutation, verdict, seconds, detail))
+    lines = [
+        "# Rule mutations",
+        "",
+        f"`make mutate` at commit {commit}: each rule broken alone in a scratch copy of the "
+        "committed tree, then the tests that guard it run (`tests/mutation/rules.py`).",
+        "",
+        "| mutant | rule | verdict | tests run | failed first | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| `{m.name}` | {m.rule} | **{verdict}** | {', '.join(f'`{t}`' for t in m.tests)} | "
+        f"{detail.replace('|', '/') or '-'} | {seconds:.0f} |"
+        for m, verdict, seconds, detail in rows
+    ]
+    survivors = [m.name for m, verdict, _, _ in rows if verdict != "killed"]
+    lines += [
+        "",
+        f"Survivors: {len(survivors)}{' (' + ', '.join(survivors) + ')' if survivors else ''}.",
+    ]
+    if not names:
+        REPORT.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
