@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench soak clean
+.PHONY: demo test lint bench soak mutate clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ SOAK_TESTS = tests/integration/test_fleet_cap.py tests/integration/test_fleet_re
 soak: $(BIN)/.installed  ## heavy fault trials at full size (~1 h); writes benchmarks/results/soak.md and fleet.md
 	POLYGATE_SOAK=1 $(BIN)/pytest -p no:cacheprovider -s --timeout 3600 $(SOAK_TESTS)
 	$(BIN)/python benchmarks/fleet.py > benchmarks/results/fleet.md
+
+mutate: $(BIN)/.installed  ## each named rule broken alone, its tests run (~15 min); writes benchmarks/results/mutations.md
+	$(BIN)/python -m tests.mutation.rules
 
 lint: $(BIN)/.installed  ## ruff and mypy --strict
 	$(BIN)/ruff check .

@@ -110,6 +110,17 @@ def test_a_spent_deferral_budget_fails_the_task(governed_worker: Worker) -> None
     assert (caught.value.reason, caught.value.deferrals) == ("stalled", 1)
 
 
+def test_a_deferral_budget_spent_by_age_fails_the_task(governed_worker: Worker) -> None:
+    with governed_worker(deferral={"max_defer_age_s": 3}) as runtime:
+        pause(runtime, "main", 60)
+        result = ask.delay("never")
+        with pytest.raises(DeferralBudgetExceeded) as caught:
+            result.get(timeout=60)
+    assert caught.value.reason == "stalled"
+    assert caught.value.age_s > 3  # ended by its age, well before the 25 deferrals allowed
+    assert 1 <= caught.value.deferrals < 25
+
+
 def test_an_unreachable_store_defers_the_task(governed_worker: Worker, broker: str) -> None:
     from tests.redis_server import RedisServer  # noqa: PLC0415
 
