@@ -48,8 +48,10 @@ def celery_worker(
     pool: str = "prefork",
     concurrency: int = 2,
     settings: Mapping[str, str] | None = None,
+    queues: str = "polygate-tests",
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A worker process for the test app; stopped (warm, then cold) afterwards."""
+    """A worker process for the test app, consuming `queues`; stopped (warm, then cold)
+    afterwards."""
     path = tmp_path / f"polygate-{time.monotonic_ns()}.toml"
     path.write_text(toml(config))
     env = {
@@ -70,7 +72,7 @@ def celery_worker(
         "-c",
         str(concurrency),
         "-Q",
-        "polygate-tests",
+        queues,
         "--loglevel",
         "WARNING",
         "--without-heartbeat",
