@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import redis as sync_redis
+from celery import signals
 
 from polygate_celery.celery import ParkingLot, Releaser, lot_name
 from tests.celery.app import app, ask
@@ -38,6 +39,19 @@ def test_a_releaser_that_dies_mid_release_loses_nothing(
 
 
 def test_a_message_released_twice_runs_once(governed_worker: Worker, broker: str) -> None:
+    failures: list[str] = []
+
+    def failed(task_id: str = "", **_: Any) -> None:
+        failures.append(task_id)
+
+    signals.task_failure.connect(failed, weak=False)
+    try:
+        released_twice(governed_worker, broker, failures)
+    finally:
+        signals.task_failure.disconnect(failed)
+
+
+def released_twice(governed_worker: Worker, broker: str, failures: list[str]) -> None:
     with governed_worker(deferral={"release_interval_s": 60}) as runtime:
         pause(runtime, "main", 1.5)
         result = ask.delay("twice")
@@ -50,8 +64,20 @@ def test_a_message_released_twice_runs_once(governed_worker: Worker, broker: str
         publish_message(app, message)  # a releaser published, then died before confirming
         assert result.get(timeout=20) == "fine"
         publish_message(app, message)  # ... and its successor publishes the same message again
-        time.sleep(2.0)
+        consumed(broker, app.conf.task_default_queue)  # the second copy was read and acked
     assert runs(broker, result.id) == 2  # the first run, then the released one, once
+    stored = app.AsyncResult(result.id)  # read again from the backend: the copy changed nothing
+    assert (stored.state, stored.result) == ("SUCCESS", "fine")
+    assert result.id not in failures  # the copy was dropped, not run into an error
+
+
+def consumed(broker: str, queue: str, within_s: float = 30) -> None:
+    """Wait until `queue` is empty and no message of it is unacknowledged."""
+    client = sync_redis.Redis.from_url(broker)
+    deadline = time.monotonic() + within_s
+    while client.llen(queue) or client.hlen("unacked"):
+        assert time.monotonic() < deadline, "the message was never consumed"
+        time.sleep(0.05)
 
 
 def test_the_release_loop_keeps_up(governed_worker: Worker, broker: str) -> None:

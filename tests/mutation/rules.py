@@ -104,8 +104,8 @@ def run(mutation: Mutation, python: str) -> tuple[str, float, str]:
             cwd=scratch, env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         seconds = time.monotonic() - started
-        failed = [line.split(" ")[1] for line in result.stdout.splitlines()
-                  if line.startswith(("FAILED ", "ERROR "))]  # fmt: skip
+        failed = [line.split()[1] for line in result.stdout.splitlines()
+                  if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1]  # fmt: skip
         if result.returncode == 0:
             return "survived", seconds, ""
         return "killed", seconds, ", ".join(failed) or f"pytest exit {result.returncode}"
