@@ -36,18 +36,21 @@ REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default visibility_timeout
 _configured: dict[int, tuple[frozenset[str], float]] = {}
 
 
+def transport_kind(app: Celery, url: str | None) -> str:
+    """kombu's driver type (``amqp``, ``redis``, ``sqs``...) of the transport of broker
+    `url` of `app`. No URL is Celery's default, ``amqp://``."""
+    try:
+        connection = app.connection_for_write(url)  # not connected
+        return str(connection.get_transport_cls().driver_type)
+    except ImportError:  # the transport's client library is missing: Celery fails too
+        return str(url or AMQP).split(":", 1)[0]
+
+
 def broker_kinds(app: Celery) -> frozenset[str]:
-    """kombu's driver types (``amqp``, ``redis``, ``sqs``...) of the transports `app`'s
-    workers consume from and publish to: one, unless the app sets ``broker_read_url`` and
-    ``broker_write_url`` apart. No broker URL is Celery's default, ``amqp://``."""
-    kinds = set()
-    for url in (app.conf.broker_read_url, app.conf.broker_write_url):
-        try:
-            connection = app.connection_for_write(url)  # not connected
-            kinds.add(str(connection.get_transport_cls().driver_type))
-        except ImportError:  # the transport's client library is missing: Celery fails too
-            kinds.add(str(url or AMQP).split(":", 1)[0])
-    return frozenset(kinds)
+    """The transports `app`'s workers consume from and publish to: one, unless the app
+    sets ``broker_read_url`` and ``broker_write_url`` apart."""
+    urls = (app.conf.broker_read_url, app.conf.broker_write_url)
+    return frozenset(transport_kind(app, url) for url in urls)
 
 
 def transport_options(
@@ -55,15 +58,18 @@ def transport_options(
 ) -> tuple[dict[str, Any], list[tuple[int, str]]]:
     """The app's ``broker_transport_options`` with what governed tasks need merged in, and
     notes for the log (what has no effect). Raises `ConfigError` for a broker that would
-    deliver a task again while it still runs."""
+    deliver a task again while it still runs.
+
+    What holds a delivery unacknowledged is the broker the workers consume from
+    (``broker_read_url``); what confirms a publish is the one they publish to."""
     options = dict(app.conf.broker_transport_options or {})
     notes: list[tuple[int, str]] = []
-    kinds = broker_kinds(app)
-    if kinds - {AMQP}:
+    consumed = transport_kind(app, app.conf.broker_read_url)
+    if consumed != AMQP:
         _visibility(options, hard_limit_s, visibility_margin_s)
-    if AMQP in kinds:
+    else:
         check_consumer_timeout(hard_limit_s, consumer_timeout_s)
-        if kinds == {AMQP} and "visibility_timeout" in options:
+        if "visibility_timeout" in options:
             notes.append(
                 (
                     logging.INFO,
@@ -71,6 +77,7 @@ def transport_options(
                     "its consumer_timeout bounds how long a task may run (consumer_timeout_s)",
                 )
             )
+    if transport_kind(app, app.conf.broker_write_url) == AMQP:
         if options.get("confirm_publish") is False:
             notes.append(
                 (
@@ -109,7 +116,7 @@ def check_consumer_timeout(hard_limit_s: float, consumer_timeout_s: float) -> No
             "consumer_timeout_s",
             f"RabbitMQ's consumer_timeout ({consumer_timeout_s:g} s) is not longer than the "
             f"governed tasks' hard time limit ({hard_limit_s:g} s): a task still running "
-            "then would have its channel closed and be delivered again. Raise "
+            "at that point would have its channel closed and be delivered again. Raise "
             "consumer_timeout on the broker (rabbitmq.conf, in ms, or a consumer-timeout "
             "policy on the workers' queues) and pass it as configure_worker(..., "
             "consumer_timeout_s=...), or lower calls_per_task or the scopes' max_call_s",
@@ -140,7 +147,7 @@ def unacked_window_s(app: Celery) -> float:
     """How long `app`'s broker leaves a delivered message with its consumer, unacknowledged,
     before delivering it again: the consumer timeout on RabbitMQ (as `configure_worker`
     was told it), else the visibility timeout."""
-    if AMQP in broker_kinds(app):
+    if transport_kind(app, app.conf.broker_read_url) == AMQP:
         return _configured.get(id(app), (None, RABBITMQ_CONSUMER_TIMEOUT_S))[1]
     options = app.conf.broker_transport_options or {}
     return float(options.get("visibility_timeout", REDIS_VISIBILITY_TIMEOUT_S))

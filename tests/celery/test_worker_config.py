@@ -229,3 +229,15 @@ def test_a_broker_set_after_configure_worker_is_reported(caplog: pytest.LogCaptu
     with caplog.at_level(logging.ERROR, logger="polygate_celery"):
         assert check_broker_unchanged(app) is False
     assert "configured app 'late-broker' for a amqp broker, but it uses redis" in caplog.text
+
+
+def test_read_and_write_brokers_apart_each_get_what_their_side_needs() -> None:
+    consume_rabbitmq = Celery("split", broker=REDIS_BROKER, set_as_current=False)
+    consume_rabbitmq.conf.broker_read_url = RABBITMQ  # deliveries held: the consumer timeout
+    with pytest.raises(ConfigError, match="consumer_timeout"):
+        worker_settings(consume_rabbitmq, parse_config(CONFIG), calls_per_task=5)
+    assert worker_settings(consume_rabbitmq, parse_config(CONFIG))["broker_transport_options"] == {}
+    publish_rabbitmq = Celery("split", broker=REDIS_BROKER, set_as_current=False)
+    publish_rabbitmq.conf.broker_write_url = RABBITMQ  # publishes confirmed
+    options = worker_settings(publish_rabbitmq, parse_config(CONFIG))["broker_transport_options"]
+    assert set(options) == {"visibility_timeout", "unacked_restore_throttle", "confirm_publish"}
