@@ -93,7 +93,7 @@ def configured(
 
 
 @pytest.fixture
-def rabbit_worker(configured: Configure) -> Iterator[Callable[..., Any]]:
+def rabbit_worker(configured: Configure) -> Callable[..., Any]:
     """Start an in-process worker (threads pool) on the vhost; yields the runtime."""
 
     @contextmanager
@@ -189,13 +189,19 @@ def test_a_release_the_broker_refuses_keeps_the_parked_task(
     releaser = Releaser(app, lot, runtime.config.deferral)
     with pytest.raises(MessageNacked):  # the publish waits for the broker, which nacks it
         runtime.run(releaser.release_due())
-    assert runtime.run(lot.size()) == 1  # not confirmed: released again after the lease
+    assert runtime.run(lot.size()) == 1  # still parked
     # Without publisher confirms the same publish "succeeds", and the message is gone.
     plain = Celery("polygate_rabbitmq_unconfirmed", broker=rabbitmq_vhost)
     publish_message(plain, message)
+    plain.close()
     refusing_queue(target, limit=None)  # the broker takes messages again
-    released: list[int] = []
-    until(lambda: released.append(runtime.run(releaser.release_due())) or released[-1] == 1)
+
+    def released_once() -> bool:  # 0 until the refused release's claim lapses (1 s)
+        return bool(runtime.run(releaser.release_due()) == 1)
+
+    # Due again after the 1 s lease: the refused release did not confirm it (a confirmed
+    # entry waits release_check_s, 300 s, for its run to begin).
+    until(released_once, within_s=60)
     with app.connection_for_write() as connection:
         queue = Queue(target, routing_key=target, channel=connection.default_channel)
         got = queue.get(no_ack=True)
