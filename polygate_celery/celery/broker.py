@@ -10,7 +10,8 @@ against the one of the app's broker:
   refused when it is not longer than the hard limit.
 - RabbitMQ (``amqp``, ``pyamqp``, ``amqps``): the broker's ``consumer_timeout``
   (``rabbitmq.conf``, 30 min by default; per queue with a ``consumer-timeout``
-  policy or an ``x-consumer-timeout`` argument on RabbitMQ 3.12 and later): a
+  policy or an ``x-consumer-timeout`` argument on RabbitMQ 3.12 and later, for
+  the queue types that honour one): a
   delivery unacknowledged longer closes the worker's channel and the message is
   delivered again. The client cannot read it, so the worker is told it
   (``consumer_timeout_s``) and refuses a hard limit that does not fit. The
