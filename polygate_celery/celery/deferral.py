@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
+from polygate_celery.celery.broker import unacked_window_s
 from polygate_celery.celery.guard import ExecutionGuard, quietly
 from polygate_celery.celery.identity import COPY, DEFERRALS
 from polygate_celery.celery.parking import (
@@ -100,14 +101,14 @@ def deferral_delay(
 
 
 def countdown_cap_s(task: Task[Any, Any]) -> float:
-    """The longest countdown whose run still ends within the broker's visibility timeout.
+    """The longest countdown whose run still ends within the broker's visibility timeout
+    (Redis) or consumer timeout (RabbitMQ).
 
     An ETA message is unacknowledged from its delivery: its countdown and its
     run (up to the hard time limit) must both fit, or it would be redelivered
     while still running.
     """
-    options = task.app.conf.broker_transport_options or {}
-    visibility = float(options.get("visibility_timeout", 3600))
+    visibility = unacked_window_s(task.app)
     hard_limit = float(getattr(task, "time_limit", None) or task.app.conf.task_time_limit or 0)
     return max(1.0, visibility - hard_limit - 60.0)
 

@@ -8,12 +8,14 @@ outlives the broker's visibility timeout. The lot is named by the app and the
 broker it returns to (`lot_name`): apps that share a store prefix never
 release each other's tasks into the wrong broker. Every worker process runs a
 release loop: claim due entries (with a lease) → publish each, unchanged, with
-kombu → confirm. A confirmed entry stays until the run it starts begins (the
-run's guard forgets it), and is released again after `release_check_s` if no
-run began: a message the broker lost in delivery is not lost. A releaser that
-dies mid-release loses nothing (the lease ends and another takes over), and a
-copy that this might publish twice is dropped when it runs (`guard`). An entry
-that is not a task message goes to the lot's dead letters (``:dead``, shown by
+kombu (on RabbitMQ with publisher confirms: the publish returns once the broker
+holds the message, and raises if it refuses it) → confirm. A confirmed entry
+stays until the run it starts begins (the run's guard forgets it), and is
+released again after `release_check_s` if no run began: a message the broker
+lost in delivery is not lost. A releaser that dies mid-release loses nothing
+(the lease ends and another takes over), and a copy that this might publish
+twice is dropped when it runs (`guard`). An entry that is not a task message
+goes to the lot's dead letters (``:dead``, shown by
 ``polygate-celery status``) once. While Redis or the broker is unreachable the
 loop backs off (bounded, jittered) and logs once when it starts failing and
 once when it recovers.
@@ -110,21 +112,42 @@ def capture_message(signature: Signature) -> dict[str, Any]:
     return producer.message
 
 
-def publish_message(app: Celery, message: dict[str, Any]) -> None:
-    """Publish a captured message unchanged, retrying transient broker errors."""
+def publish_message(
+    app: Celery, message: dict[str, Any], confirm_timeout_s: float | None = None
+) -> None:
+    """Publish a captured message unchanged, retrying transient broker errors.
+
+    On RabbitMQ (``confirm_publish``, set by `configure_worker`) it returns once the
+    broker confirms the message, waiting `confirm_timeout_s` at most; a refused
+    publish (``MessageNacked``) or a confirm that never comes raises.
+    """
     for attempt in broker_retrying():
         with attempt, app.producer_pool.acquire(block=True) as producer:
-            producer.publish(
-                message["body"],
-                exchange=message["exchange"],
-                routing_key=message["routing_key"],
-                serializer=message["serializer"],
-                compression=message["compression"],
-                delivery_mode=message["delivery_mode"],
-                headers=message["headers"],
-                retry=False,
-                **message["properties"],
-            )
+            try:
+                producer.publish(
+                    message["body"],
+                    exchange=message["exchange"],
+                    routing_key=message["routing_key"],
+                    serializer=message["serializer"],
+                    compression=message["compression"],
+                    delivery_mode=message["delivery_mode"],
+                    headers=message["headers"],
+                    retry=False,
+                    confirm_timeout=confirm_timeout_s,
+                    **message["properties"],
+                )
+            except Exception:
+                _drop_confirming(producer.connection)
+                raise
+
+
+def _drop_confirming(connection: Any) -> None:
+    """Drop a confirming connection whose publish failed: a confirm still due would be
+    taken for the next publish's on it. The pool connects again."""
+    options = getattr(connection, "transport_options", None) or {}
+    if options.get("confirm_publish"):
+        with contextlib.suppress(Exception):
+            connection.collect()
 
 
 def lot_name(app: Celery) -> str:
@@ -304,7 +327,9 @@ class Releaser:
         )
         released = 0
         for entry_id, message in claimed:
-            await loop.run_in_executor(None, publish_message, self.app, message)
+            await loop.run_in_executor(
+                None, publish_message, self.app, message, self.config.claim_lease_s
+            )
             await self.lot.confirm(entry_id, self.token, self.keep_s)
             released += 1
         return released

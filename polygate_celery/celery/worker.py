@@ -4,9 +4,11 @@
 relies on: late acknowledgement, redelivery of a lost worker's task, a
 prefetch of one, JSON only, a soft shutdown, time limits derived from the
 scopes' `max_call_s` on the governed tasks alone (given at worker start; a task
-with limits of its own keeps them), and a broker visibility timeout longer than
-the hard time limit (a shorter one would redeliver a task that is still
-running: refused).
+with limits of its own keeps them), and what the app's broker needs
+(`polygate_celery.celery.broker`): on Redis a visibility timeout longer than the
+hard time limit (a shorter one would redeliver a task that is still running:
+refused); on RabbitMQ publisher confirms, and a hard time limit shorter than
+the broker's consumer timeout (refused otherwise).
 It also starts each worker process's parking-lot release loop and warns when
 Redis could evict governance keys.
 
@@ -27,6 +29,12 @@ import redis
 from celery import Celery, signals
 from celery.app.defaults import DEFAULTS
 
+from polygate_celery.celery.broker import (
+    RABBITMQ_CONSUMER_TIMEOUT_S,
+    check_broker_unchanged,
+    remember_broker,
+    transport_options,
+)
 from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
 from polygate_celery.celery.registry import governed_tasks
 from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
@@ -61,18 +69,26 @@ def configure_worker(
     calls_per_task: int = 1,
     extra_task_s: float = 60.0,
     visibility_margin_s: float = 300.0,
+    consumer_timeout_s: float = RABBITMQ_CONSUMER_TIMEOUT_S,
     hooks: Sequence[TelemetryHook] = (),
 ) -> dict[str, Any]:
     """Configure `app` for governed tasks; returns the settings it applied.
+
+    The broker is the app's (``broker_url``; Celery's default ``amqp://`` when
+    none is set): call this once it is set. On Redis the visibility timeout is
+    the hard time limit plus `visibility_margin_s` unless the app sets one. On
+    RabbitMQ, `consumer_timeout_s` is the broker's ``consumer_timeout`` for the
+    workers' queues (RabbitMQ's default 30 min; ``math.inf`` when disabled);
+    a hard time limit that is not shorter is refused.
 
     `hooks` receive the telemetry of every worker process's governed calls and
     deferrals (e.g. `polygate_celery.metrics.PrometheusHook()`); a runtime made
     before this call keeps the hooks it had.
 
     Time limits the app already sets are kept (and checked against the
-    visibility timeout); per-task ``time_limit`` options are not checked. The
-    threads and solo pools do not enforce time limits at all: a run that
-    outlives the visibility timeout there is delivered twice.
+    broker's visibility or consumer timeout); per-task ``time_limit`` options
+    are not checked. The threads and solo pools do not enforce time limits at
+    all: a run that outlives the broker's timeout there is delivered twice.
     """
     settings = worker_settings(
         app,
@@ -80,8 +96,13 @@ def configure_worker(
         calls_per_task=calls_per_task,
         extra_task_s=extra_task_s,
         visibility_margin_s=visibility_margin_s,
+        consumer_timeout_s=consumer_timeout_s,
     )
     _limits[id(app)] = governed_time_limits(app, config, calls_per_task, extra_task_s)
+    remember_broker(app, consumer_timeout_s)
+    hard = _limits[id(app)][1]
+    for level, note in transport_options(app, hard, visibility_margin_s, consumer_timeout_s)[1]:
+        logger.log(level, "configure_worker: %s", note)
     for key, before, after in overridden_settings(app, settings):
         logger.warning(
             "configure_worker replaces %s = %r, set on app %r, by %r for every task: %s",
@@ -170,6 +191,7 @@ def worker_settings(
     calls_per_task: int = 1,
     extra_task_s: float = 60.0,
     visibility_margin_s: float = 300.0,
+    consumer_timeout_s: float = RABBITMQ_CONSUMER_TIMEOUT_S,
 ) -> dict[str, Any]:
     """The settings `configure_worker` applies to `app`, computed without applying them.
 
@@ -179,20 +201,7 @@ def worker_settings(
     if calls_per_task < 1:
         raise ConfigError("calls_per_task", "must be at least 1")
     soft, hard = governed_time_limits(app, config, calls_per_task, extra_task_s)
-    transport = dict(app.conf.broker_transport_options or {})
-    visibility = transport.get("visibility_timeout")
-    if visibility is None:
-        visibility = hard + visibility_margin_s
-    elif float(visibility) <= hard:
-        raise ConfigError(
-            "broker_transport_options.visibility_timeout",
-            f"{visibility} s would redeliver a task still running (hard time limit {hard:g} s)",
-        )
-    transport["visibility_timeout"] = visibility
-    # kombu sweeps for unacknowledged messages past the visibility timeout only on
-    # every 10th check, 10 s apart: a lost worker's task came back up to ~100 s late.
-    # Every check sweeps instead (one mutex and one small ZRANGE per worker per 10 s).
-    transport.setdefault("unacked_restore_throttle", 1)
+    transport = transport_options(app, hard, visibility_margin_s, consumer_timeout_s)[0]
     settings: dict[str, Any] = {
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
@@ -305,6 +314,7 @@ def _connect_signals(app: Celery) -> None:
     def on_init(sender: Any = None, **_: Any) -> None:  # the worker's main process, pre-fork
         if getattr(sender, "app", app) is app:
             apply_time_limits(app)
+            check_broker_unchanged(app)
 
     def on_process_init(**_: Any) -> None:  # prefork children
         start_release_loop(app)

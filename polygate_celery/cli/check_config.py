@@ -47,6 +47,18 @@ def add_command(commands: Commands) -> None:
         metavar="N",
         help="governed calls one task makes, for the time limits (default 1)",
     )
+    parser.add_argument(
+        "--broker",
+        metavar="URL",
+        help="the workers' Celery broker (default: $CELERY_BROKER_URL, else Celery's amqp://)",
+    )
+    parser.add_argument(
+        "--consumer-timeout-s",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="RabbitMQ's consumer_timeout for the workers' queues, in s (default 1800)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -62,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     print("# environment variables; defaults merged; secrets redacted):\n")
     print(effective_configuration(config))
     print()
-    print(worker_section(config, args.calls_per_task))
+    print(worker_section(config, args.calls_per_task, args.broker, args.consumer_timeout_s))
     print()
     print(warnings_text(config_warnings(config)))
     return 0
@@ -119,8 +131,14 @@ def effective_configuration(config: GatewayConfig) -> str:
     return "\n\n".join(s for s in sections if s)
 
 
-def worker_section(config: GatewayConfig, calls_per_task: int) -> str:
-    """What `configure_worker` applies, computed on a throwaway Celery app (no connection)."""
+def worker_section(
+    config: GatewayConfig,
+    calls_per_task: int,
+    broker: str | None = None,
+    consumer_timeout_s: float = 1800.0,
+) -> str:
+    """What `configure_worker` applies, computed on a throwaway Celery app for `broker`
+    (no connection)."""
     try:
         from celery import Celery  # noqa: PLC0415 - the celery extra is optional here
 
@@ -130,9 +148,11 @@ def worker_section(config: GatewayConfig, calls_per_task: int) -> str:
         )
     except ImportError:
         return "# worker settings: not computed (pip install 'polygate_celery[celery]')"
-    app = Celery("polygate-check-config", set_as_current=False)
+    app = Celery("polygate-check-config", set_as_current=False, broker=broker)
     try:
-        settings = worker_settings(app, config, calls_per_task=calls_per_task)
+        settings = worker_settings(
+            app, config, calls_per_task=calls_per_task, consumer_timeout_s=consumer_timeout_s
+        )
     except ConfigError as exc:
         raise config_error(exc) from None
     soft, hard = governed_time_limits(app, config, calls_per_task)
@@ -141,7 +161,9 @@ def worker_section(config: GatewayConfig, calls_per_task: int) -> str:
         ("governed tasks' soft_time_limit", soft, "each governed task without its own"),
         ("governed tasks' time_limit", hard, "other tasks keep Celery's (none by default)"),
     ]
+    url = app.conf.broker_url or "amqp://"
     note = f"what configure_worker(app, config, calls_per_task={calls_per_task}) sets"
+    note += f" for broker {redact_url(url)}"
     return _section("worker", entries, note)
 
 

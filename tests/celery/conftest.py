@@ -18,6 +18,7 @@ from polygate_celery.celery.runtime import reset_runtime
 from polygate_celery.telemetry import TelemetryHook
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.celery.app import app
+from tests.celery.rabbitmq import rabbitmq_vhost  # noqa: F401 - a fixture
 
 MODELS = {
     "up": ModelBehaviour(reply="fine"),

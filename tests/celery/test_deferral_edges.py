@@ -53,7 +53,7 @@ def test_an_unreachable_store_at_the_start_defers_by_countdown(governed_worker: 
 def test_a_countdown_and_its_run_fit_in_the_visibility_timeout(
     visibility: float, hard_limit: float, cap: float
 ) -> None:
-    app = Celery("caps")
+    app = Celery("caps", broker="redis://127.0.0.1:1/0")  # never connected to
     app.conf.broker_transport_options = {"visibility_timeout": visibility}
     app.conf.task_time_limit = hard_limit
 
