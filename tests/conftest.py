@@ -21,7 +21,6 @@ from typing import Any
 import hypothesis
 import pytest
 import pytest_asyncio
-import redis as sync_redis
 
 from polygate_celery import Gateway, GatewayConfig, MemoryStore, Store, parse_config
 from polygate_celery.sources import Source
@@ -103,14 +102,12 @@ def redis_url() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def own_database(redis_url: str, db: int) -> Iterator[str]:
-    """Database `db` of the test Redis, for the one test that uses it; emptied afterwards."""
-    url = redis_url.rsplit("/", 1)[0] + f"/{db}"
-    try:
-        yield url
-    finally:
-        with sync_redis.Redis.from_url(url) as client:
-            client.flushdb()
+def own_redis() -> Iterator[str]:
+    """A private server for the one test (or session) that uses it, removed afterwards:
+    a broker's queues, unacknowledged messages and results that no other run can see or
+    empty, however many runs share the machine's Redis."""
+    with RedisServer() as server:
+        yield server.url
 
 
 def unique_prefix() -> str:

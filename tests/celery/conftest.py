@@ -19,6 +19,7 @@ from polygate_celery.telemetry import TelemetryHook
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.celery.app import app
 from tests.celery.rabbitmq import rabbitmq_vhost  # noqa: F401 - a fixture
+from tests.conftest import own_redis
 
 MODELS = {
     "up": ModelBehaviour(reply="fine"),
@@ -35,12 +36,19 @@ def provider() -> Iterator[SimulatedProvider]:
         yield provider
 
 
+@pytest.fixture(scope="session")
+def broker_server() -> Iterator[str]:
+    """The session's broker and result backend: a private Redis, so that no other run on
+    the machine shares (or empties) its queues, unacknowledged messages and results."""
+    with own_redis() as url:
+        yield url
+
+
 @pytest.fixture
-def broker(redis_url: str) -> Iterator[str]:
-    """The broker and result backend: the test Redis, database 9, emptied afterwards."""
-    url = redis_url.rsplit("/", 1)[0] + "/9"
-    yield url
-    sync_redis.Redis.from_url(url).flushdb()
+def broker(broker_server: str) -> Iterator[str]:
+    """The broker and result backend, emptied after each test."""
+    yield broker_server
+    sync_redis.Redis.from_url(broker_server).flushdb()
 
 
 def config_data(

@@ -2,8 +2,8 @@
 deferral path (both strategies) with a real worker, and the release's publisher confirms.
 
 The broker is a vhost of the session's own on this machine's RabbitMQ
-(`tests.celery.rabbitmq`); the store and results are the test Redis, database
-`RESULTS_DB`, under a key prefix of each test's own.
+(`tests.celery.rabbitmq`); the store is the test Redis under a key prefix of each
+test's own, the results a private Redis of each test's own.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from polygate_celery.celery.parking import capture_message, publish_message
 from polygate_celery.celery.runtime import reset_runtime, runtime_for
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.outcome_rows import outcome_config, outcome_models, outcome_tasks
-from tests.conftest import drop_result_subscriptions, own_database
+from tests.conftest import drop_result_subscriptions, own_redis
 
-RESULTS_DB = 10  # the result backend's database of the test Redis: emptied afterwards
 QUEUE = "polygate-rabbitmq"
 
 # An app of its own: a producer pool sticks to the first broker it used.
@@ -50,8 +49,8 @@ def wait_for_state(result: Any, state: str, within_s: float = 30) -> dict[str, A
 
 
 @pytest.fixture(scope="module")
-def results(redis_url: str) -> Iterator[str]:
-    with own_database(redis_url, RESULTS_DB) as url:
+def results() -> Iterator[str]:
+    with own_redis() as url:
         yield url
         drop_result_subscriptions(app)
 

@@ -25,9 +25,7 @@ from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.conftest import config_data
 from tests.celery.rabbitmq_app import QUEUE, app, ask_in
 from tests.celery.workers import ROOT, toml
-from tests.conftest import drop_result_subscriptions, own_database
-
-RESULTS_DB = 11  # the result backend's and the runs' notes' database: emptied afterwards
+from tests.conftest import drop_result_subscriptions, own_redis
 
 
 def until(condition: Callable[[], bool], within_s: float = 60) -> None:
@@ -38,8 +36,8 @@ def until(condition: Callable[[], bool], within_s: float = 60) -> None:
 
 
 @pytest.fixture
-def results(redis_url: str) -> Iterator[str]:
-    with own_database(redis_url, RESULTS_DB) as url:
+def results() -> Iterator[str]:
+    with own_redis() as url:
         yield url
         drop_result_subscriptions(app)
 

@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
-from tests.conftest import own_database
+from tests.conftest import own_redis
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART_DB = 14  # broker, results and governance of the quick start: emptied afterwards
 
 
 def quickstart_blocks(heading: str = "## Quick start") -> dict[str, str]:
@@ -38,8 +37,8 @@ def quickstart_blocks(heading: str = "## Quick start") -> dict[str, str]:
 
 
 @pytest.fixture
-def quickstart_redis(redis_url: str) -> Iterator[str]:
-    with own_database(redis_url, QUICKSTART_DB) as url:
+def quickstart_redis() -> Iterator[str]:
+    with own_redis() as url:
         yield url
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,8 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 Spawn = Callable[[dict[str, Any]], Awaitable[asyncio.subprocess.Process]]
 
 
+_SPAWNED: list[asyncio.subprocess.Process] = []
+
+
 async def spawn_worker(spec: dict[str, Any]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
+    process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "tests.integration.fleet_worker",
@@ -27,6 +31,21 @@ async def spawn_worker(spec: dict[str, Any]) -> asyncio.subprocess.Process:
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
     )
+    _SPAWNED.append(process)
+    return process
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def _no_worker_outlives_its_test() -> AsyncIterator[None]:
+    """A test that failed before reading its workers' results leaves none running, and
+    no pipe for a later test's garbage collection to report."""
+    yield
+    while _SPAWNED:
+        process = _SPAWNED.pop()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        await process.communicate()
 
 
 async def result_of(process: asyncio.subprocess.Process, limit_s: float = 300) -> dict[str, Any]:

@@ -140,7 +140,7 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
     store.admit = counted_admit  # type: ignore[method-assign]
     outcomes: dict[str, int] = {}
     if spec.get("go_key"):  # ready, then wait for the test's go (start-up is not timed)
-        client = redis_client(spec["redis_url"])
+        client = redis_client(spec["redis_url"], socket_timeout_s=130)  # above the BLPOP's 120 s
         await client.rpush(spec["ready_key"], "1")
         await client.blpop([spec["go_key"]], timeout=120)
         await client.aclose()

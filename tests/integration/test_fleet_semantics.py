@@ -51,7 +51,7 @@ async def paused_call(redis_url: str, prefix: str, *, keeper: bool) -> dict[str,
             spec(redis_url, prefix, sources=["y"], calls=20, pace_s=0.5, poll_interval_s=0.2,
                  **signals)
         )  # fmt: skip
-    client = redis_client(redis_url)
+    client = redis_client(redis_url, socket_timeout_s=130)  # above the BLPOP's 120 s
     for _ in range(2 if keeper else 1):
         assert await client.blpop([signals["ready_key"]], timeout=120) is not None
     store = RedisStore.from_url(redis_url, prefix=prefix)

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import own_database
+from tests.conftest import own_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
-SMOKE_DB = 13  # the [celery] check's broker, result backend and store: emptied afterwards
 
 
 def uv() -> str:
@@ -75,8 +74,8 @@ def install(wheel: Path, extra: str, where: Path) -> Path:
 
 
 @pytest.fixture
-def smoke_broker(redis_url: str) -> Iterator[str]:
-    with own_database(redis_url, SMOKE_DB) as url:
+def smoke_broker() -> Iterator[str]:
+    with own_redis() as url:
         yield url
 
 
@@ -130,9 +129,6 @@ def test_the_demo_extra_runs_the_demo_on_its_embedded_redis(wheel: Path, tmp_pat
     assert "6 of 6 tasks accounted for" in out, out[-2000:]
 
 
-USER_PROJECT_DB = 12  # the user project's broker and results: emptied afterwards
-
-
 def test_a_user_project_tests_its_governed_tasks_with_the_plugin_and_pytest_celery(
     wheel: Path, tmp_path: Path, redis_url: str
 ) -> None:
@@ -143,7 +139,7 @@ def test_a_user_project_tests_its_governed_tasks_with_the_plugin_and_pytest_cele
         tmp_path)  # fmt: skip
     project = tmp_path / "project"
     shutil.copytree(ROOT / "examples" / "testing", project)
-    with own_database(redis_url, USER_PROJECT_DB) as url:
+    with own_redis() as url:
         out = run(
             [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "."],
             project,
