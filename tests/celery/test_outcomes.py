@@ -160,10 +160,13 @@ def test_a_chord_waits_for_its_deferred_member(governed_worker: Worker) -> None:
 
 def test_paid_results_are_reused_after_a_deferral(governed_worker: Worker, provider: Any) -> None:
     with governed_worker() as runtime:
-        pause(runtime, "other", 2.0)  # the second call stalls; the first is paid
+        # The second call stalls (its 1 s window) and defers the task until the pause
+        # ends; the first is paid once. 6 s: room for a busy machine to reach the second
+        # call while its source is still paused.
+        pause(runtime, "other", 6.0)
         provider.reset_journal()
         result = ask_twice.delay("first prompt", "second prompt")
-        assert result.get(timeout=30) == ["fine", "second answer", "reused=1"]
+        assert result.get(timeout=60) == ["fine", "second answer", "reused=1"]
     to_first = [e for e in provider.journal if e.model == "up"]
     assert len(to_first) == 1
 

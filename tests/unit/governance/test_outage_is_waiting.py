@@ -62,6 +62,7 @@ async def verdicts(gateway_calls: list[Any]) -> list[str]:
     return list(await asyncio.gather(*(one(c) for c in gateway_calls)))
 
 
+@pytest.mark.timeout(600)  # 200 calls' steps on a real Redis: minutes on a busy machine
 @pytest.mark.parametrize("calls", CONCURRENCY)
 async def test_an_outage_of_503s_ends_every_call_stalled(
     clock: VirtualClock, gateway: GatewayFactory, calls: int
