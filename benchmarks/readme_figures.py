@@ -1,0 +1,207 @@
+"""The README's measured figures, generated from the committed results files.
+
+Each figure block of README.md sits between ``<!-- figures:NAME -->`` and
+``<!-- /figures:NAME -->``; this script renders every block from the files in
+``benchmarks/`` that a passing run wrote, so the README cannot quote a figure no
+committed result supports. ``tests/benchmarks/test_readme_figures.py`` fails
+when a block differs from what the results say.
+
+Usage: ``python benchmarks/readme_figures.py`` prints the blocks;
+``--write`` puts them into README.md.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+GOODPUT = ROOT / "benchmarks" / "RESULTS.md"
+README = ROOT / "README.md"
+
+CONTENDERS = {
+    "openai client, default retries": "openai client, its default retries",
+    "Celery autoretry_for + retry_backoff": (
+        "Celery `autoretry_for`, `retry_backoff`, `max_retries=5`"
+    ),
+    "tenacity wait_random_exponential": (
+        "tenacity `wait_random_exponential(min=1, max=60)`, 6 attempts"
+    ),
+    "polygate_celery": "**polygate_celery**",
+}
+TIMES = "\u00d7"  # the multiplication sign of the README's figures
+
+
+def table_rows(text: str, heading: str) -> dict[str, list[str]]:
+    """The first table after the heading that starts with `heading`: first cell -> cells."""
+    start = text.index(heading)
+    rows: dict[str, list[str]] = {}
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("| ") and not line.startswith("|--") and "---" not in line:
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows.setdefault(cells[0], cells[1:])
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def whole(number: str) -> str:
+    """`number` rounded to a whole number, halves up (156.5 -> 157)."""
+    return str(Decimal(number).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+def goodput() -> str:
+    """The side-by-side goodput table, steady and with the outage, and its settings."""
+    text = GOODPUT.read_text(encoding="utf-8")
+    steady = table_rows(text, "## Scenario `steady`")
+    outage = table_rows(text, "## Scenario `outage`")
+    lines = [
+        "| | tasks completed / failed | requests sent | 429s | finish |",
+        "|---|---|---|---|---|",
+    ]
+    for key, name in CONTENDERS.items():
+        for row_name, rows in ((name, steady), ("with a 60 s outage", outage)):
+            done, failed, lost, attempts, limited, _, finish = rows[key][:7]
+            label = row_name
+            outcome = f"{done} / {failed}" + (f", {lost} never finished" if lost != "0" else "")
+            finish = "—" if finish == "—" else f"{whole(finish)} s"
+            cells = [outcome, f"{int(attempts):,}", f"{int(limited):,}", finish]
+            if key == "polygate_celery":
+                label = f"**{label}**" if label != name else label
+                cells = [f"**{cell}**" for cell in cells]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    settings = re.search(r"```toml\n(.*?)```", text, re.S)
+    assert settings is not None, "RESULTS.md names no configuration"
+    names = re.findall(r"^(\w+) = (.+)$", settings.group(1), re.M)
+    structure = ("base_url", "model", "api_key_env", "kind", "sources")
+    chosen = [f"`{k} = {v}`" for k, v in names if k not in structure]
+    lines += [
+        "",
+        "The governed contender's settings besides the defaults: " + ", ".join(chosen) + ".",
+    ]
+    return "\n".join(lines)
+
+
+def deferral() -> str:
+    """The Celery deferral benchmark's summary rows."""
+    text = (RESULTS / "celery_deferral.md").read_text(encoding="utf-8")
+    rows = table_rows(text, "## Summary")
+    commit = re.search(r"polygate_celery at commit (\w+)", text)
+    park = rows["worker RSS growth, 10,000 tasks deferred at once, `park`"][0]
+    lag_key = next(k for k in rows if k.startswith("release lag"))
+    ratio_key = next(k for k in rows if "governed no-op task" in k)
+    source = "`python benchmarks/celery_deferral.py` → `benchmarks/results/celery_deferral.md`"
+    at = f" (commit {commit.group(1)})" if commit else ""
+    return "\n".join(
+        [
+            f"| worker memory, 10,000 tasks deferred at once (parking) | +{park} | {source}{at} |",
+            f"| release lag of due parked tasks, p99 | {rows[lag_key][0]} "
+            f"({rows[lag_key][2].strip('*').lower()} against {rows[lag_key][1]}) | same |",
+            f"| governed ÷ plain no-op task throughput | {rows[ratio_key][0]} "
+            f"(target {rows[ratio_key][1]}) | same |",
+        ]
+    )
+
+
+def redis_store() -> str:
+    """Round trips and overhead per governed call, from the store benchmark."""
+    text = (RESULTS / "redis_store.md").read_text(encoding="utf-8")
+    trips = re.search(r"\*\*total round trips\*\* \| \*\*([\d.]+)\*\*", text)
+    ratio = re.search(r"overhead / PING \(medians\): \*\*([\d.]+)\*\* \(target (.+?)\)", text)
+    assert trips, "redis_store.md lost its round-trip line"
+    assert ratio, "redis_store.md lost its ratio line"
+    latency = table_rows(text, "## Latency")
+    governed = latency["governed, Redis store"][0]
+    ping = latency["async PING, same client"][0]
+    source = "`python benchmarks/redis_store.py` → `benchmarks/results/redis_store.md`"
+    return "\n".join(
+        [
+            f"| Redis round trips per successful call | {float(trips.group(1)):g} (admit, settle) "
+            f"| {source} |",
+            f"| governance overhead per uncontended call, Redis store | {ratio.group(1)} {TIMES} "
+            f"an async PING ({ratio.group(2)}): {governed} µs median, a PING {ping} µs, in one run "
+            "| same |",
+        ]
+    )
+
+
+def goodput_rows() -> str:
+    """The governed contender's rows of the goodput benchmark, per scenario."""
+    text = GOODPUT.read_text(encoding="utf-8")
+    scenarios = {
+        "steady": "300 tasks under a 120 RPM token-bucket quota",
+        "outage": "the same with a 60 s outage",
+        "undeclared": "the same with no rpm declared (OpenAI's headers)",
+        "undeclared-anthropic": "the same with no rpm declared (Anthropic's headers)",
+        "window": "a provider counting 60 s windows, rpm declared, default counting",
+    }
+    lines = []
+    for scenario, what in scenarios.items():
+        heading = f"## Scenario `{scenario}`"
+        ideal = re.search(re.escape(heading) + r".*?ideal finish ([\d.]+ s)", text)
+        done, failed, lost, attempts, limited, _, finish = table_rows(text, heading)[
+            "polygate_celery"
+        ][:7]
+        source = "`make bench` → `benchmarks/RESULTS.md`" if not lines else "same"
+        lines.append(
+            f"| {what} | {done} / {failed} completed / failed, {lost} lost; {attempts} requests, "
+            f"{limited} refused (429); finish {finish} s (ideal {ideal.group(1) if ideal else '?'})"
+            f" | {source} |"
+        )
+    return "\n".join(lines)
+
+
+STATIC = """\
+| 1,000 tasks through an outage longer than the stall window | all SUCCESS, executions = \
+deferrals + 1 | `tests/celery/test_outage_run.py` |
+| SIGKILL of a pool process mid-call | redelivered, its permit back within the lease (checked \
+on Redis's clock) | `tests/celery/test_worker_processes.py` (`make soak`: 20 trials) |
+| deferral under 13 Celery features {TIMES} 5 faults, real workers | every cell: final state once, \
+one completed run per submission, nothing left | `tests/celery/test_matrix.py` (`make soak` → \
+`benchmarks/results/soak.md`) |
+| heavy fault trials (20,000 contended acquisitions, 20 + 20 worker kills, Redis frozen \
+then killed under 1,000 tasks) | rows only from runs whose tests passed | `make soak` → \
+`benchmarks/results/soak.md` |
+| every guarded rule broken on purpose | each makes its tests fail | `make mutate` → \
+`benchmarks/results/mutations.md` |"""
+
+
+def measured() -> str:
+    """The Measured table: every row from a committed results file or a named test."""
+    header = "| what | figure | how |\n|---|---|---|"
+    static = STATIC.replace("\\\n", "").replace("{TIMES}", TIMES)
+    return "\n".join([header, redis_store(), deferral(), goodput_rows(), static])
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"goodput": goodput, "measured": measured}
+
+
+def render(readme: str) -> str:
+    """`readme` with every figure block rendered anew."""
+    for name, make in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- figures:{name} -->\n).*?(\n<!-- /figures:{name} -->)", re.S)
+        if not pattern.search(readme):
+            raise SystemExit(f"README.md has no figures:{name} block")
+        body = make()
+        readme = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), readme)
+    return readme
+
+
+def main(argv: list[str]) -> int:
+    text = README.read_text(encoding="utf-8")
+    if "--write" in argv:
+        README.write_text(render(text), encoding="utf-8")
+    else:
+        for name, make in BLOCKS.items():
+            print(f"<!-- figures:{name} -->\n{make()}\n<!-- /figures:{name} -->\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
