@@ -10,18 +10,12 @@ from polygate_celery.store.redis import RedisStore
 
 
 def store_from_config(config: StoreConfig, clock: Clock | None = None) -> Store:
-    """A `RedisStore` when `redis_url` is set, else a `MemoryStore` (one process only).
+    """A `RedisStore` when the configuration names a Redis (`redis_url`, `sentinels` or
+    `cluster_nodes`), else a `MemoryStore` (one process only).
 
     `clock` is for tests: the Redis store then passes its time to the scripts
     instead of reading Redis ``TIME``.
     """
-    if config.redis_url is None:
+    if not config.shared:
         return MemoryStore(clock)
-    return RedisStore.from_url(
-        config.redis_url.get_secret_value(),
-        socket_timeout_s=config.socket_timeout_s,
-        connect_timeout_s=config.connect_timeout_s,
-        prefix=config.key_prefix,
-        lease_s=config.lease_s,
-        clock=clock,
-    )
+    return RedisStore.from_config(config, clock=clock)

@@ -6,10 +6,11 @@ FLUSH`` or a failover). A successful attempt
 costs two script calls: `admit` and `settle`. Time inside the scripts is Redis
 ``TIME``, or the injected clock's time passed as an argument.
 
-The client runs without hidden retries and with explicit timeouts: every
-connection error, timeout, script error or malformed reply becomes a
-`GovernanceBackendError` at once, so a call fails closed within the socket
-timeout, and the same client reconnects when Redis is back.
+The client (`connect`: one server, Sentinel or a Cluster) runs without hidden
+retries and with explicit timeouts: every connection error, timeout, script
+error or malformed reply becomes a `GovernanceBackendError` at once, so a call
+fails closed within the socket timeout, and the same client reconnects when
+Redis is back (after a failover, to the new master).
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from importlib import resources
 from typing import Any
 
 import redis as sync
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
-from redis.retry import Retry as SyncRetry
 
 from polygate_celery.clock import Clock, WaitsForIO
+from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
@@ -46,13 +46,17 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
+from polygate_celery.store.redis.connect import (
+    AsyncClient,
+    governance_client,
+    redis_client,
+)
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.releases import ReleaseHub, Watch
 
 logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
-MAX_CONNECTIONS = 64  # per store (one per worker process); more operations wait for one
 _SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate", "quota")
 # Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
 # for a connection made on another event loop); cancellation passes through.
@@ -78,49 +82,6 @@ def _announced(limits: RateLimits | None) -> str:
     )
 
 
-def redis_client(
-    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
-) -> Redis:
-    """A client for governance: no hidden retries, explicit timeouts, decoded replies.
-
-    redis-py retries connection errors and timeouts silently by default (ten
-    times in 8.x), which would stretch a fail-closed verdict far past the
-    socket timeout.
-
-    Past `MAX_CONNECTIONS` operations at once, an operation waits for a free
-    connection (as long as one operation may take) instead of failing: redis-py's
-    default pool raises "Too many connections" past 100, which a busy worker
-    process (many threads, one event loop) would turn into a fail-closed verdict.
-    """
-    options = _pool_options(socket_timeout_s, connect_timeout_s)
-    pool = BlockingConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **options)
-    return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
-
-
-def _pool_options(socket_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
-    """Both governance clients' pool settings, but the retry (a class per client kind)."""
-    return {
-        "max_connections": MAX_CONNECTIONS,
-        "timeout": socket_timeout_s + connect_timeout_s,
-        "socket_timeout": socket_timeout_s,
-        "socket_connect_timeout": connect_timeout_s,
-        "retry_on_timeout": False,
-        "retry_on_error": [],
-        "health_check_interval": 0,
-        "decode_responses": True,
-    }
-
-
-def sync_redis_client(
-    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
-) -> sync.Redis:
-    """A blocking client with `redis_client`'s settings, for a caller on its own thread
-    (a Celery task's run markers): no hop to an event loop, half the time per script."""
-    options = _pool_options(socket_timeout_s, connect_timeout_s)
-    pool = sync.BlockingConnectionPool.from_url(url, retry=SyncRetry(NoBackoff(), 0), **options)
-    return sync.Redis.from_pool(pool)
-
-
 class RedisStore:
     """The store protocol on Redis, shared by every worker process of the fleet.
 
@@ -132,7 +93,7 @@ class RedisStore:
 
     def __init__(
         self,
-        client: Redis,
+        client: AsyncClient,
         *,
         prefix: str = "polygate",
         lease_s: float = 30.0,
@@ -141,6 +102,10 @@ class RedisStore:
         if not lease_s > 0:
             raise ValueError("lease_s must be positive")
         self._client = client
+        # A cluster client learns the slot table on first use; concurrent first calls
+        # of a cold client each start that, so the first one does it alone (below).
+        self._cold = isinstance(client, RedisCluster)
+        self._warming = asyncio.Lock() if self._cold else None
         self.keys = KeySpace(prefix)
         self.lease_s = lease_s
         self._clock = clock
@@ -167,9 +132,17 @@ class RedisStore:
         )
         return cls(client, **kwargs)
 
+    @classmethod
+    def from_config(cls, config: StoreConfig, **kwargs: Any) -> RedisStore:
+        """The store on the Redis `config` names: one server, Sentinel or a Cluster."""
+        kwargs.setdefault("prefix", config.key_prefix)
+        kwargs.setdefault("lease_s", config.lease_s)
+        return cls(governance_client(config), **kwargs)
+
     @property
     def client(self) -> Redis:
-        return self._client
+        """The client (a `RedisCluster` on a cluster: it takes the same commands)."""
+        return self._client  # type: ignore[return-value]
 
     async def aclose(self) -> None:
         """Stop listening for releases and close the connections."""
@@ -368,9 +341,20 @@ class RedisStore:
     async def _run(self, name: str, keys: list[str], args: Sequence[str | int | float]) -> Any:
         with self._io_hold() if self._io_hold is not None else contextlib.nullcontext():
             try:
-                return await self._scripts[name].run(self._client, keys, args)
+                if self._cold:
+                    await self._warm()
+                return await self._scripts[name].run(self.client, keys, args)
             except _BACKEND_ERRORS as exc:
                 raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}") from exc
+
+    async def _warm(self) -> None:
+        """Load a cluster client's slot table once, before its first command."""
+        assert self._warming is not None
+        assert isinstance(self._client, RedisCluster)
+        async with self._warming:
+            if self._cold:
+                await self._client.initialize()
+                self._cold = False
 
     @staticmethod
     def _int(reply: Any, name: str) -> int:
