@@ -205,7 +205,7 @@ class GovernanceCollector:
 
     async def _read(self) -> _Reading:
         if self._store is None:
-            self._store = store_from_config(self._config.store)
+            self._store = store_from_config(self._config.store, groups_of=self._config)
         store = self._store
         sources = [(terms, await store.snapshot(terms)) for terms in self._terms]
         progress = [

@@ -10,7 +10,9 @@ and waits for the real failover.
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -49,7 +51,7 @@ class _Processes:
         here = self.dir / str(port)
         here.mkdir(exist_ok=True)
         self.processes[port] = subprocess.Popen(
-            [server_binary(), *args],
+            [server_binary(), *args, "--logfile", str(here / "log")],
             cwd=here,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -60,6 +62,11 @@ class _Processes:
         process = self.processes.pop(port)
         process.kill()
         process.wait(10)
+
+    def log(self, port: int) -> str:
+        """The server log of the process on `port` (for a failing test's message)."""
+        path = self.dir / str(port) / "log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def close(self) -> None:
         for process in self.processes.values():
@@ -82,6 +89,7 @@ def _server_args(port: int) -> list[str]:
         "--save", "",
         "--appendonly", "no",
         "--maxmemory-policy", "noeviction",
+        "--repl-diskless-sync-delay", "0",  # a replica syncs at once, not 5 s later
     ]  # fmt: skip
 
 
@@ -181,6 +189,20 @@ class SentinelGroup(_Processes):
         return self.master()
 
 
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10000 above) is free too, both below 65536."""
+    rng = random.SystemRandom()
+    while True:
+        port = rng.randrange(20000, 40000)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+
+
 def _replicating(port: int) -> bool:
     with _client(port) as client:
         return client.info("replication").get("master_link_status") == "up"
@@ -191,7 +213,11 @@ class RedisClusterGroup(_Processes):
 
     def __init__(self) -> None:
         super().__init__("polygate-cluster-")
-        self.ports = [free_port() for _ in range(6)]
+        self.ports: list[int] = []
+        while len(self.ports) < 6:
+            port = _cluster_port()
+            if port not in self.ports and port + 10000 not in self.ports:
+                self.ports.append(port)
 
     @property
     def nodes(self) -> list[str]:
@@ -235,10 +261,14 @@ class RedisClusterGroup(_Processes):
         wait_for(self._settled, "the cluster to be ok on every node")
 
     def _settled(self) -> bool:
-        """Every live node says ok and sees every slot served by a master."""
+        """Every node says ok, every slot is served by a master, and every replica is in
+        sync (a replica that never synced cannot take over)."""
         for port in self.processes:
             with _client(port) as client:
                 if client.cluster("info").get("cluster_state") != "ok":
+                    return False
+                replication = client.info("replication")
+                if replication["role"] != "master" and not _replicating(port):
                     return False
         return len(self.masters()) == 3
 

@@ -145,7 +145,7 @@ class WorkerRuntime:
         parts = parts or RuntimeParts()
         # Store and gateway first: one that cannot be built leaves no loop thread behind
         # (each task would otherwise start one more).
-        self.store = parts.store or store_from_config(config.store, parts.clock)
+        self.store = parts.store or store_from_config(config.store, parts.clock, groups_of=config)
         sources = {**sources_from_config(config), **parts.sources} if parts.sources else None
         self.gateway = Gateway(
             config,

@@ -70,7 +70,7 @@ async def shared_store(config: GatewayConfig, command: str) -> AsyncIterator[Red
         )
     where, secrets = store_address(config.store)
     try:
-        store = RedisStore.from_config(config.store)
+        store = RedisStore.from_config(config.store, groups_of=config)
     except ValueError as exc:
         raise CliError(f"store.redis_url is not a Redis URL: {scrub(str(exc), *secrets)}") from None
     try:

@@ -88,15 +88,15 @@ def gateway_config() -> Any:
 
 
 async def run_failover(
-    store_config: StoreConfig, kill: Callable[[], Any], promote: Callable[[Any], Any]
+    store_config: StoreConfig, kill: Callable[[RedisStore], Any], promote: Callable[[Any], Any]
 ) -> Failover:
-    """`kill()` kills a master and returns what `promote(it)` needs to wait for its
-    replica's promotion (both blocking: they run in a thread)."""
+    """`kill(store)` kills the master of the store's keys and returns what `promote(it)`
+    needs to wait for its replica's promotion (both blocking: they run in a thread)."""
     config = store_config.model_copy(
         update={"lease_s": LEASE_S, "socket_timeout_s": SOCKET_TIMEOUT_S}
     )
     witness = await Witness().start()
-    store = RedisStore.from_config(config)
+    store = RedisStore.from_config(config, groups_of=gateway_config())
     source = WitnessSource(witness.port)
     load = Load(Gateway(gateway_config(), {"w": source}, store=store))
     tasks = [asyncio.ensure_future(load.caller()) for _ in range(CALLERS)]
@@ -104,7 +104,7 @@ async def run_failover(
         await asyncio.sleep(2.0)
         assert any(v == "success" for _, _, v in load.calls), "no call succeeded before"
         down = time.monotonic()
-        killed = await asyncio.to_thread(kill)
+        killed = await asyncio.to_thread(kill, store)
         await asyncio.to_thread(promote, killed)
         promoted = time.monotonic()
         await asyncio.sleep(AFTER_S)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
+from polygate_celery import GovernanceBackendError
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.terms import SourceTerms
@@ -32,7 +33,9 @@ def sentinel_config(group: SentinelGroup) -> StoreConfig:
 
 @pytest.mark.timeout(300)
 async def test_master_killed_mid_run(group: SentinelGroup, figures: Figures) -> None:
-    run = await run_failover(sentinel_config(group), group.kill_master, group.wait_for_promotion)
+    run = await run_failover(
+        sentinel_config(group), lambda _: group.kill_master(), group.wait_for_promotion
+    )
     figures(f"sentinel failover: {assert_failover(run)}")
 
 
@@ -45,29 +48,30 @@ async def test_wake_ups_follow_the_new_master(group: SentinelGroup) -> None:
     config = sentinel_config(group)
     holder, waiter = RedisStore.from_config(config), RedisStore.from_config(config)
     try:
-        await wait_on(holder, waiter, "before")  # the waiter's listener is now subscribed
+        master = group.master()
+        await wait_on(holder, waiter, "before", lambda: subscribed(master, waiter.keys.wake))
         old = await asyncio.to_thread(group.kill_master)
         new = await asyncio.to_thread(group.wait_for_promotion, old)
-        channel_prefix = waiter.keys.wake
-        deadline = time.monotonic() + 30
-        while not await asyncio.to_thread(subscribed, new, channel_prefix):
-            assert time.monotonic() < deadline, "the listener did not subscribe again"
-            await asyncio.sleep(0.2)
+        await recovered(holder, waiter)
         # Permits the dead master's holder had are in the replica's copy: start afresh.
         await asyncio.to_thread(flush, new, holder.keys.pattern)
-        await wait_on(holder, waiter, "after")
+        await wait_on(holder, waiter, "after", lambda: subscribed(new, waiter.keys.wake))
     finally:
         await holder.aclose()
         await waiter.aclose()
 
 
-async def wait_on(holder: RedisStore, waiter: RedisStore, tag: str) -> None:
-    """`holder` takes ONE's permit, `waiter` queues for it, `holder` releases: the waiter
-    is woken (handed the permit) within 10 s, far inside its poll claim of 60 s."""
+async def wait_on(
+    holder: RedisStore, waiter: RedisStore, tag: str, listening: Callable[[], bool]
+) -> None:
+    """`holder` takes ONE's permit, `waiter` queues for it (and listens: `listening()`
+    says when its subscription is live), `holder` releases: the waiter is woken (handed
+    the permit) within 10 s, far inside its poll claim of 60 s."""
     grant = await admit(holder, f"{tag}-h", "")
     assert isinstance(grant, Grant)
     with waiter.watch_releases([ONE.name], f"{tag}-w") as watch:
         assert not isinstance(await admit(waiter, f"{tag}-w", f"{tag}-w"), Grant)
+        await until(listening, "the waiter's listener to subscribe")
         await holder.settle(
             Settlement(
                 scope="s",
@@ -79,6 +83,27 @@ async def wait_on(holder: RedisStore, waiter: RedisStore, tag: str) -> None:
         )
         await asyncio.wait_for(watch.wait(), 10)
     assert isinstance(await admit(waiter, f"{tag}-w", f"{tag}-w"), Grant)  # handed to it
+
+
+async def recovered(*stores: RedisStore, within_s: float = 30.0) -> None:
+    """Wait until each store answers again (its first calls after a failover may meet
+    connections to the dead master, and fail closed)."""
+    deadline = time.monotonic() + within_s
+    for store in stores:
+        while True:
+            try:
+                await store.gate_closed_for_s("s")
+                break
+            except GovernanceBackendError:
+                assert time.monotonic() < deadline, "the store did not recover"
+                await asyncio.sleep(0.2)
+
+
+async def until(condition: Callable[[], bool], what: str, within_s: float = 30.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, f"{what}: not within {within_s:g} s"
+        await asyncio.sleep(0.1)
 
 
 async def admit(store: RedisStore, permit: str, call: str) -> object:

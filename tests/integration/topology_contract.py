@@ -7,10 +7,12 @@ store gets its own key prefix and its keys are removed afterwards.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
+import redis
 
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.store import Store
@@ -22,12 +24,20 @@ from tests.unit.store.conftest import Harness
 StoreFactory = Callable[[VirtualClock], Store]
 
 
-async def remove_keys(store: RedisStore) -> None:
-    """Every key of the store's prefix, on every master (a cluster spreads them)."""
+async def remove_keys(store: RedisStore, attempts: int = 20) -> None:
+    """Every key of the store's prefix, on every master (a cluster spreads them); retried
+    while a client that saw a failover learns the new topology."""
     client = store.client
-    keys = [key async for key in client.scan_iter(match=store.keys.pattern)]
-    for key in keys:
-        await client.delete(key)  # one by one: on a cluster they may sit in many slots
+    for attempt in range(attempts):
+        try:
+            keys = [key async for key in client.scan_iter(match=store.keys.pattern)]
+            for key in keys:
+                await client.delete(key)  # one by one: on a cluster they may be in many slots
+            return
+        except (redis.RedisError, OSError):
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def contract_fixtures(name: str) -> tuple[object, object, object]:

@@ -6,16 +6,19 @@ from polygate_celery.store.redis.connect import (
     redis_client,
     sync_redis_client,
 )
+from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import SCHEMA_VERSION, KeySpace
 from polygate_celery.store.redis.store import LuaScript, RedisStore, lua_text, run_script
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Groups",
     "KeySpace",
     "LuaScript",
     "RedisStore",
     "blocking_governance_client",
     "governance_client",
+    "governance_groups",
     "lua_text",
     "redis_client",
     "run_script",

@@ -215,6 +215,27 @@ def blocking_governance_client(config: StoreConfig) -> BlockingClient:
     )
 
 
+_NODE_KEYS = (
+    "username",
+    "password",
+    "credential_provider",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "decode_responses",
+)
+
+
+def cluster_node_client(client: async_cluster.RedisCluster, attempt: int) -> Redis:
+    """A client of one node of the cluster, the `attempt`-th in turn, with the cluster's
+    credentials and timeouts (a subscriber: a PUBLISH reaches every node of a cluster,
+    so a subscription on any live node hears it; after a failure the next one is tried).
+    """
+    nodes = client.get_nodes()
+    node = nodes[attempt % len(nodes)]
+    options = {k: node.connection_kwargs[k] for k in _NODE_KEYS if k in node.connection_kwargs}
+    return Redis(host=node.host, port=int(node.port), retry=Retry(NoBackoff(), 0), **options)
+
+
 def where(config: StoreConfig) -> str:
     """Where the store is, for messages (no credentials)."""
     if config.sentinels is not None:

@@ -21,17 +21,19 @@ import hashlib
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import redis as sync
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
+from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
@@ -48,9 +50,11 @@ from polygate_celery.store.base import (
 )
 from polygate_celery.store.redis.connect import (
     AsyncClient,
+    cluster_node_client,
     governance_client,
     redis_client,
 )
+from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.releases import ReleaseHub, Watch
 
@@ -88,7 +92,9 @@ class RedisStore:
     `clock` is None to use Redis ``TIME`` (production), or an injected clock
     whose time is passed to the scripts (tests in virtual time). `lease_s` is
     the lifetime of a permit that is not renewed: a SIGKILLed holder's permit
-    comes back after at most that long.
+    comes back after at most that long. `groups` (a cluster's governance groups,
+    `governance_groups`) spread the keys over hash tags; without them every key
+    is under the fleet tag.
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class RedisStore:
         prefix: str = "polygate",
         lease_s: float = 30.0,
         clock: Clock | None = None,
+        groups: Groups | None = None,
     ) -> None:
         if not lease_s > 0:
             raise ValueError("lease_s must be positive")
@@ -106,7 +113,7 @@ class RedisStore:
         # of a cold client each start that, so the first one does it alone (below).
         self._cold = isinstance(client, RedisCluster)
         self._warming = asyncio.Lock() if self._cold else None
-        self.keys = KeySpace(prefix)
+        self.keys = KeySpace(prefix, groups or Groups())
         self.lease_s = lease_s
         self._clock = clock
         self._io_hold = clock.waiting_for_io if isinstance(clock, WaitsForIO) else None
@@ -133,10 +140,16 @@ class RedisStore:
         return cls(client, **kwargs)
 
     @classmethod
-    def from_config(cls, config: StoreConfig, **kwargs: Any) -> RedisStore:
-        """The store on the Redis `config` names: one server, Sentinel or a Cluster."""
+    def from_config(
+        cls, config: StoreConfig, *, groups_of: GatewayConfig | None = None, **kwargs: Any
+    ) -> RedisStore:
+        """The store on the Redis `config` names: one server, Sentinel or a Cluster. On a
+        cluster, the governance groups of `groups_of` (the whole configuration) give the
+        keys their hash tags (keys.py); elsewhere every key keeps the fleet tag."""
         kwargs.setdefault("prefix", config.key_prefix)
         kwargs.setdefault("lease_s", config.lease_s)
+        if config.cluster_nodes is not None and groups_of is not None:
+            kwargs.setdefault("groups", governance_groups(groups_of))
         return cls(governance_client(config), **kwargs)
 
     @property
@@ -375,9 +388,10 @@ class RedisStore:
 
     async def _listen(self) -> None:
         """Wake the waiter here another process's release handed a permit to."""
+        attempt = 0
         while not self._closed:
             try:
-                async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                async with self._subscription(attempt) as pubsub:
                     await pubsub.subscribe(self.keys.wake + self._origin)
                     quiet_s = 0.0
                     while not self._closed:
@@ -396,7 +410,22 @@ class RedisStore:
             except Exception:
                 # Waking early is an optimisation: every waiter still polls.
                 logger.debug("release listener lost its connection; retrying", exc_info=True)
+                attempt += 1
                 await asyncio.sleep(1.0)
+
+    @contextlib.asynccontextmanager
+    async def _subscription(self, attempt: int) -> AsyncIterator[PubSub]:
+        """A pub/sub connection: the client's own (a server, Sentinel's current master),
+        or on a cluster one node's, the next node after each failure."""
+        if not isinstance(self._client, RedisCluster):
+            async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                yield pubsub
+            return
+        if self._cold:
+            await self._warm()
+        node = cluster_node_client(self._client, attempt)
+        async with node, node.pubsub(ignore_subscribe_messages=True) as pubsub:
+            yield pubsub
 
     def _on_released(self, data: str) -> None:
         call_id, _, source = data.partition(" ")
@@ -461,8 +490,8 @@ class _Encoded:
             admit_keys=(
                 keys.permits(terms.name),
                 keys.state(terms.name),
-                keys.quota(quota.name if quota else None),
-                keys.quota_log(quota.name if quota else None),
+                keys.quota(quota.name if quota else None, terms.name),
+                keys.quota_log(quota.name if quota else None, terms.name),
                 keys.queue(terms.name),
                 keys.alive(terms.name),
             ),
