@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from redis.cluster import key_slot
 
-from polygate_celery import parse_config
+from polygate_celery import GovernanceBackendError, parse_config
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.governance.plan import source_terms
@@ -127,3 +127,20 @@ async def test_independent_scopes_run_on_different_shards(cluster: RedisClusterG
     finally:
         await remove_keys(store)
         await store.aclose()
+
+
+async def test_a_url_to_a_cluster_node_says_to_use_cluster_nodes(
+    cluster: RedisClusterGroup,
+) -> None:
+    """redis_url names one node of a cluster (whose keys' slot another node serves, or
+    with a database other than 0): each call fails closed, and says what to set."""
+    node = cluster.ports[0]
+    prefix = next(p for p in iter(unique_prefix, "") if cluster.owner(slot(f"{{{p}}}")) != node)
+    for url in (f"redis://127.0.0.1:{node}/0", f"redis://127.0.0.1:{node}/1"):
+        store = RedisStore.from_url(url, prefix=prefix)
+        try:
+            with pytest.raises(GovernanceBackendError) as refused:
+                await store.admit(AdmitRequest("s", (SourceTerms("a", 1),), "p"))
+            assert "set store.cluster_nodes instead of store.redis_url" in str(refused.value)
+        finally:
+            await store.aclose()  # nothing was written: every call was refused

@@ -30,7 +30,7 @@ import redis as sync
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, MovedError, NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
 from polygate_celery.config.gateway import GatewayConfig
@@ -66,6 +66,18 @@ _SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate", "quota")
 # for a connection made on another event loop); cancellation passes through.
 _BACKEND_ERRORS = (Exception,)
 _REPLY_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+
+
+_CLUSTER_HINT = (
+    " (the server is a Redis Cluster node: set store.cluster_nodes instead of store.redis_url)"
+)
+
+
+def _cluster_refusal(exc: Exception, client: AsyncClient) -> bool:
+    """A server that answers as a cluster node, reached with a single-server client."""
+    if isinstance(client, RedisCluster):
+        return False
+    return isinstance(exc, MovedError | AskError) or "not allowed in cluster mode" in str(exc)
 
 
 def _fmt(x: float) -> str:
@@ -358,7 +370,8 @@ class RedisStore:
                     await self._warm()
                 return await self._scripts[name].run(self.client, keys, args)
             except _BACKEND_ERRORS as exc:
-                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}") from exc
+                hint = _CLUSTER_HINT if _cluster_refusal(exc, self._client) else ""
+                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}{hint}") from exc
 
     async def _warm(self) -> None:
         """Load a cluster client's slot table once, before its first command."""
