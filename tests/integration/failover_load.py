@@ -126,6 +126,8 @@ def assert_failover(run: Failover) -> str:
     assert {verdict for _, _, verdict in blind} == {"backend_error"}, "granted without Redis"
     slowest = max(end - start for start, end, _ in blind)
     assert slowest <= SOCKET_TIMEOUT_S + 1.0, f"a call took {slowest:.2f} s to fail closed"
+    started = [t for t in witness.starts if run.down + 0.05 < t < run.down + BLIND_S]
+    assert not started, f"{len(started)} requests reached the source while no master answered"
     assert witness.peak <= CAP, f"the witness saw {witness.peak} in flight, cap {CAP}"
     late = [v for start, _, v in load.calls if start >= run.promoted + LEASE_S + 1.0]
     assert late, "no call after the promotion"
@@ -137,7 +139,8 @@ def assert_failover(run: Failover) -> str:
     )
     return (
         f"{len(load.calls)} calls; {len(failed)} failed closed after the kill "
-        f"({len(blind)} in the first {BLIND_S} s, slowest {slowest:.2f} s); promotion seen "
+        f"({len(blind)} begun in the first {BLIND_S} s, none reaching the source, slowest "
+        f"{slowest:.2f} s); promotion seen "
         f"{run.promoted - run.down:.1f} s after the kill; first success after it "
         f"{first_ok - run.down:.1f} s; witness peak {witness.peak} (cap {CAP}); "
         f"{len(late)} calls after the leases lapsed, all successes"

@@ -39,6 +39,9 @@ from redis.retry import Retry as SyncRetry
 from polygate_celery.config.models import StoreConfig, parse_address
 
 MAX_CONNECTIONS = 64  # per store (one per worker process); more operations wait for one
+# A cluster client's pools cannot make an operation wait: past this many at once on one
+# node it refuses (fail closed), so its bound is wider (redis-py's default is 100).
+CLUSTER_MAX_CONNECTIONS = 256
 
 AsyncClient = Redis | async_cluster.RedisCluster
 BlockingClient = sync.Redis | sync_cluster.RedisCluster
@@ -165,7 +168,7 @@ def governance_client(config: StoreConfig) -> AsyncClient:
                 async_cluster.ClusterNode(*parse_address(a)) for a in config.cluster_nodes
             ],
             retry=Retry(NoBackoff(), 0),
-            max_connections=MAX_CONNECTIONS,
+            max_connections=CLUSTER_MAX_CONNECTIONS,
             **_server_credentials(config),
             **_cluster_options(*timeouts),
         )
@@ -203,7 +206,7 @@ def blocking_governance_client(config: StoreConfig) -> BlockingClient:
                 for a in config.cluster_nodes
             ],
             retry=SyncRetry(NoBackoff(), 0),
-            max_connections=MAX_CONNECTIONS,
+            max_connections=CLUSTER_MAX_CONNECTIONS,
             **_server_credentials(config),
             **_cluster_options(*timeouts),
         )
