@@ -205,7 +205,7 @@ class GovernanceCollector:
 
     async def _read(self) -> _Reading:
         if self._store is None:
-            self._store = store_from_config(self._config.store)
+            self._store = store_from_config(self._config.store, groups_of=self._config)
         store = self._store
         sources = [(terms, await store.snapshot(terms)) for terms in self._terms]
         progress = [
@@ -325,8 +325,8 @@ def serve(
     the same directory); without it, they are this process's own (an
     in-process exporter, e.g. beside a solo-pool worker). Port 0 picks a free one.
     """
-    if config.store.redis_url is None:
-        logger.warning("metrics: no store.redis_url; the gauges show this process's memory store")
+    if not config.store.shared:
+        logger.warning("metrics: no Redis store; the gauges show this process's memory store")
     registry = CollectorRegistry()
     if os.environ.get(MULTIPROC_ENV):
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -32,7 +32,7 @@ from polygate_celery.sources.base import Source
 from polygate_celery.sources.factory import sources_from_config
 from polygate_celery.store.base import Store
 from polygate_celery.store.factory import store_from_config
-from polygate_celery.store.redis import RedisStore, sync_redis_client
+from polygate_celery.store.redis import RedisStore, blocking_governance_client
 from polygate_celery.telemetry import Telemetry, TelemetryHook
 
 logger = logging.getLogger("polygate_celery")
@@ -145,7 +145,7 @@ class WorkerRuntime:
         parts = parts or RuntimeParts()
         # Store and gateway first: one that cannot be built leaves no loop thread behind
         # (each task would otherwise start one more).
-        self.store = parts.store or store_from_config(config.store, parts.clock)
+        self.store = parts.store or store_from_config(config.store, parts.clock, groups_of=config)
         sources = {**sources_from_config(config), **parts.sources} if parts.sources else None
         self.gateway = Gateway(
             config,
@@ -171,15 +171,9 @@ class WorkerRuntime:
         """A blocking client of the same Redis, for steps a task's own thread takes (run
         markers), made on first use; None without a Redis store."""
         if self._blocking is None and self.redis is not None:
-            store = self.config.store
-            assert store.redis_url is not None
             with self._made:
                 if self._blocking is None:
-                    self._blocking = sync_redis_client(
-                        store.redis_url.get_secret_value(),
-                        socket_timeout_s=store.socket_timeout_s,
-                        connect_timeout_s=store.connect_timeout_s,
-                    )
+                    self._blocking = blocking_governance_client(self.config.store)
         return self._blocking
 
     @property

@@ -91,7 +91,7 @@ def effective_configuration(config: GatewayConfig) -> str:
                 {
                     "redis_url": (
                         redact_url(url.get_secret_value()) if url else None,
-                        "" if url else "in-memory store: one process only",
+                        "" if url or config.store.shared else "in-memory store: one process only",
                     )
                 },
             ),

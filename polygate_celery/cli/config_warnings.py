@@ -29,7 +29,7 @@ def config_warnings(config: GatewayConfig) -> list[Advice]:
 
 
 def _store(config: GatewayConfig) -> list[Advice]:
-    if config.store.redis_url is not None:
+    if config.store.shared:
         return []
     parking = (
         " Celery tasks are deferred by countdown, since the parking lot lives in Redis."
@@ -38,10 +38,11 @@ def _store(config: GatewayConfig) -> list[Advice]:
     )
     return [
         Advice(
-            "no store.redis_url: the in-memory store governs one process only",
+            "no Redis store: the in-memory store governs one process only",
             "Permits, breakers, adaptive limits, quotas and pauses are then per process: "
             "N worker processes may send N times max_concurrency requests and N times the "
-            f"quota.{parking} Set store.redis_url for a fleet.",
+            f"quota.{parking} Set store.redis_url (or store.sentinels, store.cluster_nodes) "
+            "for a fleet.",
         )
     ]
 

@@ -17,8 +17,10 @@ from polygate_celery.cli.errors import CliError
 from polygate_celery.cli.redaction import redis_address, scrub, url_secrets
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
+from polygate_celery.config.models import StoreConfig
 from polygate_celery.errors import ConfigError, GovernanceBackendError
 from polygate_celery.store.redis import RedisStore
+from polygate_celery.store.redis.connect import where as topology_address
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -60,30 +62,23 @@ def known(name: str, names: Iterable[str], what: str) -> str:
 @asynccontextmanager
 async def shared_store(config: GatewayConfig, command: str) -> AsyncIterator[RedisStore]:
     """The fleet's Redis store, answering; every Redis failure inside becomes a `CliError`."""
-    secret_url = config.store.redis_url
-    if secret_url is None:
+    if not config.store.shared:
         raise CliError(
-            f"{command} needs store.redis_url: the in-memory store lives inside one "
-            "process, so there is no fleet state to reach"
+            f"{command} needs a Redis store (store.redis_url, store.sentinels or "
+            "store.cluster_nodes): the in-memory store lives inside one process, so there "
+            "is no fleet state to reach"
         )
-    url = secret_url.get_secret_value()
-    where = redis_address(url)
-    secrets = url_secrets(url)
+    where, secrets = store_address(config.store)
     try:
-        store = RedisStore.from_url(
-            url,
-            socket_timeout_s=config.store.socket_timeout_s,
-            connect_timeout_s=config.store.connect_timeout_s,
-            prefix=config.store.key_prefix,
-            lease_s=config.store.lease_s,
-        )
+        store = RedisStore.from_config(config.store, groups_of=config)
     except ValueError as exc:
         raise CliError(f"store.redis_url is not a Redis URL: {scrub(str(exc), *secrets)}") from None
     try:
         try:
             await store.client.ping()
         except AuthenticationError:
-            raise CliError(f"Redis at {where} refused the credentials in store.redis_url") from None
+            held = "store.redis_url" if config.store.redis_url else "store.username/password"
+            raise CliError(f"Redis at {where} refused the credentials in {held}") from None
         except ResponseError as exc:
             raise CliError(f"Redis at {where} refused: {scrub(str(exc), *secrets)}") from None
         except (RedisError, OSError) as exc:
@@ -93,3 +88,16 @@ async def shared_store(config: GatewayConfig, command: str) -> AsyncIterator[Red
         raise CliError(f"Redis at {where} failed: {scrub(str(exc), *secrets)}") from None
     finally:
         await store.aclose()
+
+
+def store_address(config: StoreConfig) -> tuple[str, list[str]]:
+    """Where the Redis store is, for messages, and the secrets to scrub from them."""
+    secrets = [
+        secret.get_secret_value()
+        for secret in (config.password, config.sentinel_password)
+        if secret is not None
+    ]
+    if config.redis_url is None:
+        return topology_address(config), secrets
+    url = config.redis_url.get_secret_value()
+    return redis_address(url), [*url_secrets(url), *secrets]

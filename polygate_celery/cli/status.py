@@ -14,9 +14,8 @@ import sys
 import time
 from asyncio import sleep
 
-from polygate_celery.cli.context import add_config_option, known, load, shared_store
+from polygate_celery.cli.context import add_config_option, known, load, shared_store, store_address
 from polygate_celery.cli.errors import Commands
-from polygate_celery.cli.redaction import redis_address
 from polygate_celery.cli.status_report import (
     ScopeReading,
     SourceReading,
@@ -97,8 +96,7 @@ async def _show(
 
 def render(reading: StatusReading, store: RedisStore, config: GatewayConfig) -> str:
     """The reading as plain text tables (no colours: it may go to a file or a pipe)."""
-    assert config.store.redis_url is not None
-    where = redis_address(config.store.redis_url.get_secret_value())
+    where = store_address(config.store)[0]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     parts = [f"polygate-celery status  redis {where}  prefix {store.keys.prefix}  {stamp}"]
     if not reading.scopes:

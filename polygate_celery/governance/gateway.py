@@ -62,7 +62,9 @@ class Gateway:
         # No store given: the one the configuration names (Redis when `store.redis_url`
         # is set), owned and closed by this gateway.
         self._owns_store = store is None
-        self.store = store if store is not None else store_from_config(config.store, clock)
+        self.store = (
+            store if store is not None else store_from_config(config.store, clock, groups_of=config)
+        )
         self._owns_sources = sources is None
         if sources is None:
             sources = sources_from_config(config)

@@ -1,28 +1,46 @@
 """Store layer (Redis): the key layout, versioned and hash-tagged.
 
-Every key starts with the hash tag ``{<prefix>}``, so each script's keys (which
-span several sources and their quota groups) sit in one Redis Cluster slot,
-then the schema version, so a rolling upgrade to a new layout can run beside
-the old one::
+Every key starts with a hash tag, then the schema version (so a rolling
+upgrade to a new layout can run beside the old one). Each script's keys share
+one tag, so each script runs in one Redis Cluster slot:
 
-    {p}:v1:src:<source>:permits     ZSET    permit id -> lease expiry (store time, s);
+- the *fleet tag* ``{<prefix>}``: every key on one server or behind Sentinel,
+  and on a cluster the keys that belong to no governance group (the Celery
+  run markers, paid results and parking lots, whose scripts span a worker's
+  runs, and the keys of names no configuration grouped);
+- on a Redis Cluster, a *group tag* ``{<prefix>/<group>}`` per governance
+  group (`groups`: the connected set of scopes, sources and quota groups,
+  named after its first source) for the source, quota and scope keys, so
+  independent scopes land on different slots and spread over the shards. A
+  prefix never holds ``/``, so no group tag is another prefix's fleet tag.
+
+On one server the layout is the one schema version 1 always had; the group
+tags are used only when the store is built for a cluster (`store_from_config`),
+which earlier versions did not support, so no rolling upgrade meets both.
+A configuration change that joins two groups on a cluster moves the renamed
+group's keys: its state starts afresh, and workers on the old and the new
+configuration side by side each hold the cap on their own keys until the old
+ones stop. Keys (``{t}``: the key's tag, ``{p}``: the fleet tag)::
+
+    {t}:v1:src:<source>:permits     ZSET    permit id -> lease expiry (store time, s);
                                             "~<call id>": a permit handed to a waiting
                                             call -> the end of its claim
-    {p}:v1:src:<source>:queue       ZSET    waiting call -> arrival: the fleet-wide FIFO
+    {t}:v1:src:<source>:queue       ZSET    waiting call -> arrival: the fleet-wide FIFO
                                             a release hands its permit to
-    {p}:v1:src:<source>:alive       ZSET    waiting call -> the end of its claim (each
+    {t}:v1:src:<source>:alive       ZSET    waiting call -> the end of its claim (each
                                             poll renews it: a dead waiter drops out)
-    {p}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
+    {t}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
                                             AIMD (limit, last_decrease), paused_until,
                                             learned quota (lrpm lreq ltpm ltok: the
                                             provider's announced limits, GCRA times)
-    {p}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)
-    {p}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
+    {t}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)
+    {t}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
                                             window (at most rpm members, TTL one window)
-    {p}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
-    {p}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, reset, probe
+    {t}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
+    {t}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, reset, probe
     {p}:v1:wake:<origin>            channel "<call id> <source>": a permit was handed to
-                                            that call of the process `origin`
+                                            that call of the process `origin` (a
+                                            cluster broadcasts a PUBLISH to every node)
     {p}:v1:parked:<app>             ZSET    deferred task entry -> due time (the Celery
                                             parking lot, per app; with :msg and :claim)
 
@@ -35,7 +53,9 @@ small hash and a sorted set of at most `max_concurrency` members (measured in
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from polygate_celery.store.redis.groups import Groups
 
 SCHEMA_VERSION = 1
 _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -44,6 +64,7 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 @dataclass(frozen=True, slots=True)
 class KeySpace:
     prefix: str = "polygate"
+    groups: Groups = field(default_factory=Groups)
 
     def __post_init__(self) -> None:
         if not _PREFIX.match(self.prefix):
@@ -51,33 +72,40 @@ class KeySpace:
 
     @property
     def base(self) -> str:
+        """The fleet tag and version: the start of every key outside a group."""
         return f"{{{self.prefix}}}:v{SCHEMA_VERSION}"
 
+    def _in(self, group: str | None) -> str:
+        return self.base if group is None else f"{{{self.prefix}/{group}}}:v{SCHEMA_VERSION}"
+
     def permits(self, source: str) -> str:
-        return f"{self.base}:src:{source}:permits"
+        return f"{self._in(self.groups.sources.get(source))}:src:{source}:permits"
 
     def state(self, source: str) -> str:
-        return f"{self.base}:src:{source}:state"
+        return f"{self._in(self.groups.sources.get(source))}:src:{source}:state"
 
     def queue(self, source: str) -> str:
-        return f"{self.base}:src:{source}:queue"
+        return f"{self._in(self.groups.sources.get(source))}:src:{source}:queue"
 
     def alive(self, source: str) -> str:
-        return f"{self.base}:src:{source}:alive"
+        return f"{self._in(self.groups.sources.get(source))}:src:{source}:alive"
 
-    def quota(self, group: str | None) -> str:
-        """The quota group's key; a placeholder (never written) for a source without one."""
-        return f"{self.base}:quota:{group}" if group else f"{self.base}:quota:-"
+    def quota(self, group: str | None, source: str = "") -> str:
+        """The quota group's key; a placeholder (never written) for a source without one,
+        in the tag of `source` (the script's other keys)."""
+        if not group:
+            return f"{self._in(self.groups.sources.get(source))}:quota:-"
+        return f"{self._in(self.groups.quotas.get(group))}:quota:{group}"
 
-    def quota_log(self, group: str | None) -> str:
+    def quota_log(self, group: str | None, source: str = "") -> str:
         """The quota group's sliding-window log; a placeholder for a source without one."""
-        return f"{self.quota(group)}:log"
+        return f"{self.quota(group, source)}:log"
 
     def progress(self, scope: str) -> str:
-        return f"{self.base}:scope:{scope}:progress"
+        return f"{self._in(self.groups.scopes.get(scope))}:scope:{scope}:progress"
 
     def gate(self, scope: str) -> str:
-        return f"{self.base}:scope:{scope}:gate"
+        return f"{self._in(self.groups.scopes.get(scope))}:scope:{scope}:gate"
 
     def parked(self, app_name: str) -> str:
         """The parking lot of Celery app `app_name` (its ``:msg`` and ``:claim`` keys follow)."""
@@ -90,5 +118,6 @@ class KeySpace:
 
     @property
     def pattern(self) -> str:
-        """Every key of this prefix (for operators and test clean-up)."""
-        return f"{self.base}:*"
+        """Every key of this prefix, fleet and group tags alike (for operators and test
+        clean-up): ``{p}:v1:*`` and ``{p/<group>}:v1:*``."""
+        return f"{{{self.prefix}[}}/]*:v{SCHEMA_VERSION}:*"

@@ -6,10 +6,11 @@ FLUSH`` or a failover). A successful attempt
 costs two script calls: `admit` and `settle`. Time inside the scripts is Redis
 ``TIME``, or the injected clock's time passed as an argument.
 
-The client runs without hidden retries and with explicit timeouts: every
-connection error, timeout, script error or malformed reply becomes a
-`GovernanceBackendError` at once, so a call fails closed within the socket
-timeout, and the same client reconnects when Redis is back.
+The client (`connect`: one server, Sentinel or a Cluster) runs without hidden
+retries and with explicit timeouts: every connection error, timeout, script
+error or malformed reply becomes a `GovernanceBackendError` at once, so a call
+fails closed within the socket timeout, and the same client reconnects when
+Redis is back (after a failover, to the new master).
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ import hashlib
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import redis as sync
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
-from redis.retry import Retry as SyncRetry
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import AskError, MovedError, NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
+from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
@@ -46,18 +48,36 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
+from polygate_celery.store.redis.connect import (
+    AsyncClient,
+    cluster_node_client,
+    governance_client,
+    redis_client,
+)
+from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.releases import ReleaseHub, Watch
 
 logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
-MAX_CONNECTIONS = 64  # per store (one per worker process); more operations wait for one
 _SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate", "quota")
 # Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
 # for a connection made on another event loop); cancellation passes through.
 _BACKEND_ERRORS = (Exception,)
 _REPLY_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+
+
+_CLUSTER_HINT = (
+    " (the server is a Redis Cluster node: set store.cluster_nodes instead of store.redis_url)"
+)
+
+
+def _cluster_refusal(exc: Exception, client: AsyncClient) -> bool:
+    """A server that answers as a cluster node, reached with a single-server client."""
+    if isinstance(client, RedisCluster):
+        return False
+    return isinstance(exc, MovedError | AskError) or "not allowed in cluster mode" in str(exc)
 
 
 def _fmt(x: float) -> str:
@@ -78,70 +98,34 @@ def _announced(limits: RateLimits | None) -> str:
     )
 
 
-def redis_client(
-    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
-) -> Redis:
-    """A client for governance: no hidden retries, explicit timeouts, decoded replies.
-
-    redis-py retries connection errors and timeouts silently by default (ten
-    times in 8.x), which would stretch a fail-closed verdict far past the
-    socket timeout.
-
-    Past `MAX_CONNECTIONS` operations at once, an operation waits for a free
-    connection (as long as one operation may take) instead of failing: redis-py's
-    default pool raises "Too many connections" past 100, which a busy worker
-    process (many threads, one event loop) would turn into a fail-closed verdict.
-    """
-    options = _pool_options(socket_timeout_s, connect_timeout_s)
-    pool = BlockingConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **options)
-    return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
-
-
-def _pool_options(socket_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
-    """Both governance clients' pool settings, but the retry (a class per client kind)."""
-    return {
-        "max_connections": MAX_CONNECTIONS,
-        "timeout": socket_timeout_s + connect_timeout_s,
-        "socket_timeout": socket_timeout_s,
-        "socket_connect_timeout": connect_timeout_s,
-        "retry_on_timeout": False,
-        "retry_on_error": [],
-        "health_check_interval": 0,
-        "decode_responses": True,
-    }
-
-
-def sync_redis_client(
-    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
-) -> sync.Redis:
-    """A blocking client with `redis_client`'s settings, for a caller on its own thread
-    (a Celery task's run markers): no hop to an event loop, half the time per script."""
-    options = _pool_options(socket_timeout_s, connect_timeout_s)
-    pool = sync.BlockingConnectionPool.from_url(url, retry=SyncRetry(NoBackoff(), 0), **options)
-    return sync.Redis.from_pool(pool)
-
-
 class RedisStore:
     """The store protocol on Redis, shared by every worker process of the fleet.
 
     `clock` is None to use Redis ``TIME`` (production), or an injected clock
     whose time is passed to the scripts (tests in virtual time). `lease_s` is
     the lifetime of a permit that is not renewed: a SIGKILLed holder's permit
-    comes back after at most that long.
+    comes back after at most that long. `groups` (a cluster's governance groups,
+    `governance_groups`) spread the keys over hash tags; without them every key
+    is under the fleet tag.
     """
 
     def __init__(
         self,
-        client: Redis,
+        client: AsyncClient,
         *,
         prefix: str = "polygate",
         lease_s: float = 30.0,
         clock: Clock | None = None,
+        groups: Groups | None = None,
     ) -> None:
         if not lease_s > 0:
             raise ValueError("lease_s must be positive")
         self._client = client
-        self.keys = KeySpace(prefix)
+        # A cluster client learns the slot table on first use; concurrent first calls
+        # of a cold client each start that, so the first one does it alone (below).
+        self._cold = isinstance(client, RedisCluster)
+        self._warming = asyncio.Lock() if self._cold else None
+        self.keys = KeySpace(prefix, groups or Groups())
         self.lease_s = lease_s
         self._clock = clock
         self._io_hold = clock.waiting_for_io if isinstance(clock, WaitsForIO) else None
@@ -167,9 +151,23 @@ class RedisStore:
         )
         return cls(client, **kwargs)
 
+    @classmethod
+    def from_config(
+        cls, config: StoreConfig, *, groups_of: GatewayConfig | None = None, **kwargs: Any
+    ) -> RedisStore:
+        """The store on the Redis `config` names: one server, Sentinel or a Cluster. On a
+        cluster, the governance groups of `groups_of` (the whole configuration) give the
+        keys their hash tags (keys.py); elsewhere every key keeps the fleet tag."""
+        kwargs.setdefault("prefix", config.key_prefix)
+        kwargs.setdefault("lease_s", config.lease_s)
+        if config.cluster_nodes is not None and groups_of is not None:
+            kwargs.setdefault("groups", governance_groups(groups_of))
+        return cls(governance_client(config), **kwargs)
+
     @property
     def client(self) -> Redis:
-        return self._client
+        """The client (a `RedisCluster` on a cluster: it takes the same commands)."""
+        return self._client  # type: ignore[return-value]
 
     async def aclose(self) -> None:
         """Stop listening for releases and close the connections."""
@@ -368,9 +366,21 @@ class RedisStore:
     async def _run(self, name: str, keys: list[str], args: Sequence[str | int | float]) -> Any:
         with self._io_hold() if self._io_hold is not None else contextlib.nullcontext():
             try:
-                return await self._scripts[name].run(self._client, keys, args)
+                if self._cold:
+                    await self._warm()
+                return await self._scripts[name].run(self.client, keys, args)
             except _BACKEND_ERRORS as exc:
-                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}") from exc
+                hint = _CLUSTER_HINT if _cluster_refusal(exc, self._client) else ""
+                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}{hint}") from exc
+
+    async def _warm(self) -> None:
+        """Load a cluster client's slot table once, before its first command."""
+        assert self._warming is not None
+        assert isinstance(self._client, RedisCluster)
+        async with self._warming:
+            if self._cold:
+                await self._client.initialize()
+                self._cold = False
 
     @staticmethod
     def _int(reply: Any, name: str) -> int:
@@ -391,9 +401,10 @@ class RedisStore:
 
     async def _listen(self) -> None:
         """Wake the waiter here another process's release handed a permit to."""
+        attempt = 0
         while not self._closed:
             try:
-                async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                async with self._subscription(attempt) as pubsub:
                     await pubsub.subscribe(self.keys.wake + self._origin)
                     quiet_s = 0.0
                     while not self._closed:
@@ -412,7 +423,22 @@ class RedisStore:
             except Exception:
                 # Waking early is an optimisation: every waiter still polls.
                 logger.debug("release listener lost its connection; retrying", exc_info=True)
+                attempt += 1
                 await asyncio.sleep(1.0)
+
+    @contextlib.asynccontextmanager
+    async def _subscription(self, attempt: int) -> AsyncIterator[PubSub]:
+        """A pub/sub connection: the client's own (a server, Sentinel's current master),
+        or on a cluster one node's, the next node after each failure."""
+        if not isinstance(self._client, RedisCluster):
+            async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                yield pubsub
+            return
+        if self._cold:
+            await self._warm()
+        node = cluster_node_client(self._client, attempt)
+        async with node, node.pubsub(ignore_subscribe_messages=True) as pubsub:
+            yield pubsub
 
     def _on_released(self, data: str) -> None:
         call_id, _, source = data.partition(" ")
@@ -477,8 +503,8 @@ class _Encoded:
             admit_keys=(
                 keys.permits(terms.name),
                 keys.state(terms.name),
-                keys.quota(quota.name if quota else None),
-                keys.quota_log(quota.name if quota else None),
+                keys.quota(quota.name if quota else None, terms.name),
+                keys.quota_log(quota.name if quota else None, terms.name),
                 keys.queue(terms.name),
                 keys.alive(terms.name),
             ),

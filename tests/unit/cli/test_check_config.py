@@ -64,7 +64,7 @@ def test_the_worker_settings_for_rabbitmq(cli: Cli, local_config: str) -> None:
 def test_each_warning_comes_with_its_explanation(cli: Cli, local_config: str) -> None:
     out = cli("check-config", local_config).out
     warnings = " ".join(out[out.index("warnings:") :].split())
-    assert "- no store.redis_url: the in-memory store governs one process only" in warnings
+    assert "- no Redis store: the in-memory store governs one process only" in warnings
     assert "- scope 'embed' has one source ('embedder') and no fallback" in warnings
     assert "- quota 'provider' is used by one source only ('hosted')" in warnings
     assert "N worker processes may send N times max_concurrency" in warnings
@@ -166,6 +166,7 @@ def test_no_secret_is_printed(cli: Cli, tmp_path: Path) -> None:
     store = f'[store]\nredis_url = "redis://user:{PASSWORD}@127.0.0.1:1/0?password={PASSWORD}"\n'
     ran = cli("check-config", write(tmp_path / "secret.toml", store + SOURCES))
     assert ran.code == 0
-    assert 'redis_url         = "redis://user:***@127.0.0.1:1/0?password=***"' in ran.out
+    lines = [" ".join(line.split()) for line in ran.out.splitlines()]  # columns vary
+    assert 'redis_url = "redis://user:***@127.0.0.1:1/0?password=***"' in lines
     for secret in (SECRET_KEY, PASSWORD):
         assert secret not in ran.out + ran.err

@@ -48,7 +48,8 @@ def test_fleet_commands_need_a_shared_store(
     cli: Cli, local_config: str, command: list[str]
 ) -> None:
     line = cli(*command, "--config", local_config).error_line
-    assert "needs store.redis_url: the in-memory store lives inside one process" in line
+    assert "needs a Redis store (store.redis_url, store.sentinels or" in line
+    assert "the in-memory store lives inside one process" in line
 
 
 @pytest.mark.parametrize("command", [*FLEET_COMMANDS, ["check-config"]])
@@ -67,8 +68,9 @@ def test_an_invalid_configuration_names_its_field(
     ("url", "says"),
     [
         ("127.0.0.1:6391", "the URL has no scheme"),
-        ("sentinel://127.0.0.1:26379", "scheme 'sentinel' is not one the store can use"),
-        ("redis+cluster://127.0.0.1:7000", "scheme 'redis+cluster' is not one the store can use"),
+        ("sentinel://127.0.0.1:26379", "set store.sentinels and store.service_name instead"),
+        ("redis+cluster://127.0.0.1:7000", "set store.cluster_nodes instead"),
+        ("memcached://127.0.0.1:11211", "scheme 'memcached' is not one the store can use"),
         (f"redis://:{PASSWORD}#1@127.0.0.1:6379/0", "must be percent-encoded, e.g. '#' as %23"),
         ("redis://127.0.0.1:6379/zero", "the database must be a number"),
     ],
@@ -81,7 +83,7 @@ def test_a_redis_url_the_store_cannot_use_is_refused_at_load(
     line = cli("check-config", store_config(tmp_path, url)).error_line
     assert line.startswith("error: invalid configuration: store.redis_url: ")
     assert says in line
-    assert "write redis://[:PASSWORD@]HOST:PORT/DB" in line or "%23" in line
+    assert "write redis://[:PASSWORD@]HOST:PORT/DB" in line or "%23" in line or "instead" in line
     assert PASSWORD not in line
 
 

@@ -1,0 +1,248 @@
+"""Store layer (Redis): the one place governance clients are made, for every topology.
+
+A store configuration names one Redis server (`redis_url`), a master behind
+Redis Sentinel (`sentinels`, `service_name`) or a Redis Cluster
+(`cluster_nodes`). Each gives an asyncio client (the store's) and a blocking
+one (a Celery task's run markers) with the same settings: no hidden retries,
+explicit socket and connect timeouts, decoded replies, and a pool that makes a
+caller wait for a free connection rather than fail.
+
+redis-py retries connection errors and timeouts silently by default (ten times
+in 8.x), which would stretch a fail-closed verdict far past the socket timeout.
+With retries off, a call during a failover fails closed at once
+(`GovernanceBackendError`), and the next one finds the new master:
+
+- Sentinel: a new connection asks the sentinels for the master's address
+  (``MasterNotFoundError``, a ``ConnectionError``, while none is promoted); a
+  connection to a master that was demoted gets ``READONLY``, which redis-py
+  turns into a ``ConnectionError`` and a reconnect.
+- Cluster: a connection error marks the slot table stale and the next command
+  reloads it from a live node; ``MOVED`` and ``ASK`` are redirections, followed
+  by redis-py (they are not retries). ``SCRIPT LOAD`` goes to every master and
+  ``EVALSHA`` to the master of its keys' slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis as sync
+import redis.cluster as sync_cluster
+import redis.sentinel as sync_sentinel
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import cluster as async_cluster
+from redis.asyncio import sentinel as async_sentinel
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.retry import Retry as SyncRetry
+
+from polygate_celery.config.models import StoreConfig, parse_address
+
+MAX_CONNECTIONS = 64  # per store (one per worker process); more operations wait for one
+# A cluster client's pools cannot make an operation wait: past this many at once on one
+# node it refuses (fail closed), so its bound is wider (redis-py's default is 100).
+CLUSTER_MAX_CONNECTIONS = 256
+
+AsyncClient = Redis | async_cluster.RedisCluster
+BlockingClient = sync.Redis | sync_cluster.RedisCluster
+
+
+def _pool_options(socket_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
+    """Every governance client's connection settings, but the retry (a class per kind).
+
+    Past `MAX_CONNECTIONS` operations at once, an operation waits for a free
+    connection (as long as one operation may take) instead of failing: redis-py's
+    default pool raises "Too many connections" past 100, which a busy worker
+    process (many threads, one event loop) would turn into a fail-closed verdict.
+    """
+    return {
+        "max_connections": MAX_CONNECTIONS,
+        "timeout": socket_timeout_s + connect_timeout_s,
+        **_connection_options(socket_timeout_s, connect_timeout_s),
+    }
+
+
+def _connection_options(socket_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
+    options = _cluster_options(socket_timeout_s, connect_timeout_s)
+    return {**options, "retry_on_timeout": False, "retry_on_error": []}
+
+
+def _cluster_options(socket_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
+    """What a cluster client takes of them (its nodes' connections never retry)."""
+    return {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        "health_check_interval": 0,
+        "decode_responses": True,
+    }
+
+
+def redis_client(
+    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
+) -> Redis:
+    """An asyncio client of the server at `url`, with the governance settings."""
+    options = _pool_options(socket_timeout_s, connect_timeout_s)
+    pool = BlockingConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+    return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
+
+
+def sync_redis_client(
+    url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
+) -> sync.Redis:
+    """A blocking client with `redis_client`'s settings, for a caller on its own thread
+    (a Celery task's run markers): no hop to an event loop, half the time per script."""
+    options = _pool_options(socket_timeout_s, connect_timeout_s)
+    pool = sync.BlockingConnectionPool.from_url(url, retry=SyncRetry(NoBackoff(), 0), **options)
+    return sync.Redis.from_pool(pool)
+
+
+class _SentinelMaster(Redis):
+    """The master's client; closing it closes the sentinels' connections too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        if manager is not None:
+            await manager.aclose()
+
+
+class _SyncSentinelMaster(sync.Redis):
+    """`_SentinelMaster` for the blocking client."""
+
+    def close(self) -> None:
+        super().close()
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        if manager is not None:
+            manager.close()
+
+
+class _BlockingSentinelPool(async_sentinel.SentinelConnectionPool, BlockingConnectionPool):
+    """The master's pool, found through Sentinel, waiting for a free connection when full."""
+
+
+class _SyncBlockingSentinelPool(sync_sentinel.SentinelConnectionPool, sync.BlockingConnectionPool):
+    """`_BlockingSentinelPool` for the blocking client."""
+
+
+def _secret(value: Any) -> str | None:
+    return None if value is None else str(value.get_secret_value())
+
+
+def _server_credentials(config: StoreConfig) -> dict[str, Any]:
+    return {"username": config.username, "password": _secret(config.password)}
+
+
+def _sentinel_options(config: StoreConfig, retry: Any) -> dict[str, Any]:
+    """How the sentinels themselves are asked (their own password, the same timeouts)."""
+    return {
+        "socket_timeout": config.socket_timeout_s,
+        "socket_connect_timeout": config.connect_timeout_s,
+        "password": _secret(config.sentinel_password),
+        "retry": retry,
+        "decode_responses": True,
+    }
+
+
+def governance_client(config: StoreConfig) -> AsyncClient:
+    """The asyncio client of the store `config` names (which must be a Redis one)."""
+    timeouts = (config.socket_timeout_s, config.connect_timeout_s)
+    if config.sentinels is not None:
+        assert config.service_name is not None  # checked at load
+        sentinel = async_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            [parse_address(a) for a in config.sentinels],
+            sentinel_kwargs=_sentinel_options(config, Retry(NoBackoff(), 0)),
+        )
+        client: Redis = sentinel.master_for(
+            config.service_name,
+            redis_class=_SentinelMaster,
+            connection_pool_class=_BlockingSentinelPool,
+            retry=Retry(NoBackoff(), 0),
+            db=config.db,
+            **_server_credentials(config),
+            **_pool_options(*timeouts),
+        )
+        return client
+    if config.cluster_nodes is not None:
+        return async_cluster.RedisCluster(
+            startup_nodes=[
+                async_cluster.ClusterNode(*parse_address(a)) for a in config.cluster_nodes
+            ],
+            retry=Retry(NoBackoff(), 0),
+            max_connections=CLUSTER_MAX_CONNECTIONS,
+            **_server_credentials(config),
+            **_cluster_options(*timeouts),
+        )
+    assert config.redis_url is not None, "no Redis in this store configuration"
+    return redis_client(
+        config.redis_url.get_secret_value(),
+        socket_timeout_s=config.socket_timeout_s,
+        connect_timeout_s=config.connect_timeout_s,
+    )
+
+
+def blocking_governance_client(config: StoreConfig) -> BlockingClient:
+    """`governance_client`'s blocking twin (a Celery task's own thread uses it)."""
+    timeouts = (config.socket_timeout_s, config.connect_timeout_s)
+    if config.sentinels is not None:
+        assert config.service_name is not None
+        sentinel = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            [parse_address(a) for a in config.sentinels],
+            sentinel_kwargs=_sentinel_options(config, SyncRetry(NoBackoff(), 0)),
+        )
+        blocking: sync.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            config.service_name,
+            redis_class=_SyncSentinelMaster,
+            connection_pool_class=_SyncBlockingSentinelPool,
+            retry=SyncRetry(NoBackoff(), 0),
+            db=config.db,
+            **_server_credentials(config),
+            **_pool_options(*timeouts),
+        )
+        return blocking
+    if config.cluster_nodes is not None:
+        return sync_cluster.RedisCluster(
+            startup_nodes=[
+                sync_cluster.ClusterNode(*parse_address(a))  # type: ignore[no-untyped-call]
+                for a in config.cluster_nodes
+            ],
+            retry=SyncRetry(NoBackoff(), 0),
+            max_connections=CLUSTER_MAX_CONNECTIONS,
+            **_server_credentials(config),
+            **_cluster_options(*timeouts),
+        )
+    assert config.redis_url is not None, "no Redis in this store configuration"
+    return sync_redis_client(
+        config.redis_url.get_secret_value(),
+        socket_timeout_s=config.socket_timeout_s,
+        connect_timeout_s=config.connect_timeout_s,
+    )
+
+
+_NODE_KEYS = (
+    "username",
+    "password",
+    "credential_provider",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "decode_responses",
+)
+
+
+def cluster_node_client(client: async_cluster.RedisCluster, attempt: int) -> Redis:
+    """A client of one node of the cluster, the `attempt`-th in turn, with the cluster's
+    credentials and timeouts (a subscriber: a PUBLISH reaches every node of a cluster,
+    so a subscription on any live node hears it; after a failure the next one is tried).
+    """
+    nodes = client.get_nodes()
+    node = nodes[attempt % len(nodes)]
+    options = {k: node.connection_kwargs[k] for k in _NODE_KEYS if k in node.connection_kwargs}
+    return Redis(host=node.host, port=int(node.port), retry=Retry(NoBackoff(), 0), **options)
+
+
+def where(config: StoreConfig) -> str:
+    """Where the store is, for messages (no credentials)."""
+    if config.sentinels is not None:
+        return f"Sentinel {','.join(config.sentinels)} (master {config.service_name})"
+    if config.cluster_nodes is not None:
+        return f"Redis Cluster {','.join(config.cluster_nodes)}"
+    return "memory" if config.redis_url is None else "redis_url"
