@@ -52,6 +52,16 @@ def free_port() -> int:
         return port
 
 
+def _server_pid(url: str) -> int | None:
+    import redis  # noqa: PLC0415
+
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            return int(client.info("server")["process_id"])
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+
+
 def answers(url: str, timeout_s: float = 0.5) -> bool:
     """Whether a Redis answers PING at `url`."""
     import redis  # noqa: PLC0415
@@ -85,6 +95,17 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> EmbeddedRedis:
+        """Start the server; on a port another process took meanwhile, on a fresh one.
+
+        A free port is only free when it is chosen: another program may bind it before
+        the server does, so the server that answers must be this one (its pid)."""
+        for _ in range(5):
+            if self._start_on_port():
+                return self
+            self.port = free_port()
+        raise NoRedisServer("the embedded Redis server found no free port")
+
+    def _start_on_port(self) -> bool:
         persistence = (
             ["--appendonly", "yes", "--appendfsync", "always"]
             if self.persistent
@@ -105,11 +126,17 @@ class EmbeddedRedis:
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while not answers(self.url, 0.2):
-            if time.monotonic() > deadline or self.process.poll() is not None:
+            if self.process.poll() is not None:  # it could not bind: the port was taken
+                self.process = None
+                return False
+            if time.monotonic() > deadline:
                 self.stop()
                 raise NoRedisServer("the embedded Redis server did not start")
             time.sleep(0.02)
-        return self
+        if _server_pid(self.url) != self.process.pid:  # another server has this port
+            self.stop()
+            return False
+        return True
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
