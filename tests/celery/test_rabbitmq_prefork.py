@@ -35,8 +35,9 @@ def until(condition: Callable[[], bool], within_s: float = 60) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def results() -> Iterator[str]:
+    """A private Redis for the module's results (its app keeps the first backend it made)."""
     with own_redis() as url:
         yield url
         drop_result_subscriptions(app)

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 from celery.result import AsyncResult
 
@@ -47,6 +48,7 @@ def wait_for(condition: Any, within_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.timeout(900)  # a 10 s freeze, a restart and their recovery: minutes when busy
 def test_a_frozen_then_killed_redis_loses_no_task(tmp_path: Path, figures: Figures) -> None:
     models = {"up": ModelBehaviour(reply="fine", latency_s=(0.02, 0.08))}
     with RedisServer(persistent=True) as redis, SimulatedProvider(models) as provider:
