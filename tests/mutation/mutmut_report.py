@@ -21,6 +21,7 @@ import importlib.metadata
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,14 +152,18 @@ def main() -> int:
         totals.update(counts)
 
     version = importlib.metadata.version("mutmut")
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        settings = tomllib.load(file)["tool"]["mutmut"]
     lines = [
         "# mutmut over the decision core and the lease rule",
         "",
         f"`make mutate` at commit {commit}{' (with uncommitted changes)' if dirty else ''}, "
         f"mutmut {version}: `{COMMAND}`, configured in `pyproject.toml` `[tool.mutmut]`, "
-        "then `python -m tests.mutation.mutmut_report`. Each mutant runs the tests of "
-        "`tests/unit/core` and `tests/unit/governance/test_leases.py` that reach its "
-        "function; killed counts timeouts. mutmut 3 leaves decorated functions alone "
+        "then `python -m tests.mutation.mutmut_report`. Mutated: "
+        f"{', '.join(f'`{x}`' for x in settings['only_mutate'])}. Each mutant runs the "
+        "tests that reach its function, of "
+        f"{', '.join(f'`{x}`' for x in settings['pytest_add_cli_args_test_selection'])}; "
+        "killed counts timeouts. mutmut 3 leaves decorated functions alone "
         "(`StallClock.attempting`, a `@contextmanager`, and `Outcome.used_tokens`, a "
         "`@property`), and code outside functions.",
         "",
