@@ -29,8 +29,14 @@ soak: $(BIN)/.installed  ## heavy fault trials at full size (~1 h); writes bench
 	POLYGATE_SOAK=1 $(BIN)/pytest -p no:cacheprovider -s --timeout 3600 $(SOAK_TESTS)
 	$(BIN)/python benchmarks/fleet.py > benchmarks/results/fleet.md
 
-mutate: $(BIN)/.installed  ## each named rule broken alone, its tests run (~15 min); writes benchmarks/results/mutations.md
-	$(BIN)/python -m tests.mutation.rules
+MUTMUT_JOBS ?= 2
+
+mutate: $(BIN)/.installed  ## named rules broken alone (~15 min), then mutmut over core/ and the lease (~5 min); writes benchmarks/results/mutations.md and mutmut.md
+	$(BIN)/python -m tests.mutation.rules; rules=$$?; \
+	rm -rf mutants; \
+	POLYGATE_TEST_REDIS=private $(BIN)/mutmut run --max-children $(MUTMUT_JOBS) \
+	  && $(BIN)/python -m tests.mutation.mutmut_report; tool=$$?; \
+	[ $$rules -eq 0 ] && [ $$tool -eq 0 ]
 
 lint: $(BIN)/.installed  ## ruff and mypy --strict
 	$(BIN)/ruff check .

@@ -176,3 +176,28 @@ def test_a_429_never_counts_as_a_breaker_failure() -> None:
     neutral = effect_of(OutcomeKind.RATE_LIMITED)
     state = settle_many(BreakerState(), [neutral] * 100)
     assert state == BreakerState()
+
+
+def test_a_rejection_is_neutral_unless_its_credentials_were_rejected() -> None:
+    # The default: a rejected request (a 400, a 404) says nothing about the source.
+    assert effect_of(OutcomeKind.REJECTED) is Effect.NEUTRAL
+
+
+def test_an_opened_breaker_keeps_the_count_of_failures_that_opened_it() -> None:
+    # The count is what status, metrics and `polygate-celery source` report.
+    state = open_at(0.0)
+    assert state.failures == TERMS.failure_threshold
+
+
+def test_a_failing_probe_keeps_the_failure_count() -> None:
+    probing = breaker_admit(open_at(0.0), 30.0, "probe")
+    assert probing is not None
+    state = breaker_settle(probing, TERMS, 35.0, "probe", Effect.FAILURE)
+    assert state.failures == TERMS.failure_threshold
+
+
+def test_an_auth_failure_keeps_the_failure_count() -> None:
+    state = settle_many(BreakerState(), [Effect.FAILURE, Effect.FAILURE])
+    state = breaker_settle(state, TERMS, 0.0, "p", Effect.AUTH_FAILURE)
+    assert state.mode == "open"
+    assert state.failures == 2

@@ -59,3 +59,18 @@ def test_policy_override_wins(kind: Kind, override: bool) -> None:
     policy = policy_for(kind, rate_limit_exempt=override)
     assert policy.rate_limit_exempt is override
     assert policy.kind == kind
+
+
+def test_the_source_the_call_stays_on_goes_first() -> None:
+    # After a 5xx on "c" the call retries "c" once (SPEC §5 "Failover discipline").
+    assert preference_order(["a", "b", "c"], (), {"c": 1}, stay="c") == ["c", "a", "b"]
+    assert preference_order(["a", "b", "c"], (), {}, stay="b") == ["b", "a", "c"]
+
+
+def test_staying_on_the_first_source_changes_nothing() -> None:
+    assert preference_order(["a", "b", "c"], (), {}, stay="a") == ["a", "b", "c"]
+
+
+def test_a_stay_that_is_no_longer_a_candidate_is_ignored() -> None:
+    assert preference_order(["a", "b", "c"], {"c"}, {"c": 1}, stay="c") == ["a", "b"]
+    assert preference_order(["a", "b"], (), {}, stay="zz") == ["a", "b"]

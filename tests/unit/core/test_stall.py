@@ -187,3 +187,15 @@ async def test_cancelling_a_task_inside_an_attempt_propagates_and_books_it(
         await task
     assert task.cancelled()
     assert clock.productive_s == 4.0
+
+
+def test_every_productive_attempt_of_a_call_is_excluded(now: FakeNow) -> None:
+    # Rule 1: each attempt that burns the retry budget is excluded, not only the latest.
+    clock = StallClock(now)
+    with clock.attempting():
+        now.advance(10.0)
+    now.advance(1.0)  # backoff
+    with clock.attempting():
+        now.advance(20.0)
+    assert clock.productive_s == 30.0
+    assert clock.stalled_s() == 1.0

@@ -1,0 +1,209 @@
+"""The report of a mutmut run: every mutant of core/ and the lease rule, and what became of it.
+
+``make mutate`` runs ``mutmut run`` (configured in pyproject's ``[tool.mutmut]``)
+and then this module, which reads ``mutmut results --all true`` and writes
+``benchmarks/results/mutmut.md``: per module the mutants made, killed and left,
+each survivor with its diff, and each mutant accepted as equivalent with the
+reason no behaviour can tell it from the original (or, listed apart, that it
+changes only a log line's wording, which tests check by content). An entry is
+checked against the mutant it names (a changed function renumbers its mutants),
+so a stale entry is reported rather than silently excusing another mutant.
+
+Exit 1 when a mutant survives (or has no test reaching it) that is not listed
+as equivalent, or when an entry no longer matches its mutant.
+
+Usage: ``python -m tests.mutation.mutmut_report``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shlex
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "benchmarks" / "results" / "mutmut.md"
+COMMAND = "rm -rf mutants; POLYGATE_TEST_REDIS=private mutmut run --max-children 2"
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    mutated: str  # a fragment of the mutant's changed line, to check the id still names it
+    reason: str
+    wording: bool = False  # not equivalent: it changes a log line's wording, and nothing else
+
+
+LEASE = "polygate_celery.governance.lease.xǁLeaseRenewerǁ"
+EQUIVALENT: dict[str, Equivalent] = {
+    "polygate_celery.core.selection.x_preference_order__mutmut_16": Equivalent(
+        "last_failure.get(s, -2)",
+        "attempt numbers are never negative, so any negative default puts a source that "
+        "has not failed first; -1 and -2 order every reachable input alike",
+    ),
+    "polygate_celery.core.backoff.x_backoff_delay__mutmut_14": Equivalent(
+        "min(n - 1, 65)",
+        "the exponent cap (an overflow guard) moves from 64 to 65; the delay differs only "
+        "when backoff_base_s * 2**64 < backoff_max_s (a base below 3e-18 s at the 60 s "
+        "cap), where SPEC's formula is met by neither",
+    ),
+    "polygate_celery.core.stall.xǁAttemptǁ__init____mutmut_1": Equivalent(
+        "self.refunded = None",
+        "the flag is only read for its truth (`if not attempt.refunded`); None and False "
+        "are both false",
+    ),
+    LEASE + "__init____mutmut_4": Equivalent(
+        "self._wake = None",
+        "the first `hold()` always replaces the event before the renewal task can read it "
+        "(no task exists yet)",
+    ),
+    LEASE + "__init____mutmut_6": Equivalent(
+        'None = ""',
+        '`""` is never the running loop, as None is not: the first `hold()` starts the task',
+    ),
+    LEASE + "_renew__mutmut_34": Equivalent(
+        "strict=None", "the lengths were checked equal just above, so zip never truncates"
+    ),
+    LEASE + "_renew__mutmut_37": Equivalent(
+        "zip(leases, held, )", "the lengths were checked equal just above"
+    ),
+    LEASE + "_renew__mutmut_38": Equivalent(
+        "strict=False", "the lengths were checked equal just above"
+    ),
+    LEASE + "_lose__mutmut_13": Equivalent(
+        "pop(lease.permit_id, )",
+        "both callers pass a lease still registered (the renewal loop checks it, the expiry "
+        "loop iterates the registered ones), so the default is never used",
+    ),
+    LEASE + "_renew__mutmut_25": Equivalent(
+        '"XXrenewing',
+        "the warning's wording only; a test checks what it says (the lease count)",
+        wording=True,
+    ),
+    LEASE + "_lose__mutmut_9": Equivalent(
+        '"XXattempt at',
+        "the error log's wording only; a test checks what it says (the source, the reason)",
+        wording=True,
+    ),
+}
+
+# Outcomes that leave a promise unchecked: mutmut's statuses other than these two.
+KILLED = {"killed", "timeout", "caught by type check"}
+
+
+def results() -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    found = {}
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep and name.startswith("polygate_celery."):
+            found[name] = status
+    return found
+
+
+def show(name: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "show", name],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return "\n".join(line for line in out.splitlines() if line.startswith(("-", "+", " ", "@")))
+
+
+def module_of(name: str) -> str:
+    return name.split(".x_", maxsplit=1)[0].split(".xǁ", maxsplit=1)[0]
+
+
+def main() -> int:
+    found = results()
+    if not found:
+        print("no mutmut results: run `mutmut run` first", file=sys.stderr)
+        return 1
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "polygate_celery", "tests"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    left = {n: s for n, s in found.items() if s not in KILLED}
+    diffs = {n: show(n) for n in left}
+    stale = [n for n, e in EQUIVALENT.items() if n not in left or e.mutated not in diffs[n]]
+    survivors = [n for n in left if n not in EQUIVALENT or n in stale]
+    equivalent = [n for n in left if n not in survivors]
+
+    per_module: dict[str, Counter[str]] = {}
+    for name, status in found.items():
+        counts = per_module.setdefault(module_of(name), Counter())
+        counts["total"] += 1
+        if status in KILLED:
+            counts["killed"] += 1
+        elif name in equivalent:
+            counts["wording only" if EQUIVALENT[name].wording else "equivalent"] += 1
+        else:
+            counts["survived"] += 1
+    totals: Counter[str] = Counter()
+    for counts in per_module.values():
+        totals.update(counts)
+
+    version = importlib.metadata.version("mutmut")
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        settings = tomllib.load(file)["tool"]["mutmut"]
+    lines = [
+        "# mutmut over the decision core and the lease rule",
+        "",
+        f"`make mutate` at commit {commit}{' (with uncommitted changes)' if dirty else ''}, "
+        f"mutmut {version}: `{COMMAND}`, configured in `pyproject.toml` `[tool.mutmut]`, "
+        "then `python -m tests.mutation.mutmut_report`. Mutated: "
+        f"{', '.join(f'`{x}`' for x in settings['only_mutate'])}. Each mutant runs the "
+        "tests that reach its function, of "
+        f"{', '.join(f'`{x}`' for x in settings['pytest_add_cli_args_test_selection'])}; "
+        "killed counts timeouts. mutmut 3 leaves decorated functions alone "
+        "(`StallClock.attempting`, a `@contextmanager`, and `Outcome.used_tokens`, a "
+        "`@property`), and code outside functions.",
+        "",
+        "| module | mutants | killed | equivalent | wording only | survived |",
+        "|---|---|---|---|---|---|",
+    ]
+    for module in sorted(per_module):
+        c = per_module[module]
+        lines.append(
+            f"| `{module}` | {c['total']} | {c['killed']} | {c['equivalent']} | "
+            f"{c['wording only']} | {c['survived']} |"
+        )
+    lines.append(
+        f"| **all** | {totals['total']} | {totals['killed']} | {totals['equivalent']} | "
+        f"{totals['wording only']} | **{totals['survived']}** |"
+    )
+    same = [n for n in equivalent if not EQUIVALENT[n].wording]
+    wording = [n for n in equivalent if EQUIVALENT[n].wording]
+    lines += ["", f"## Equivalent ({len(same)}): no behaviour tells them apart", ""]
+    lines += [f"- `{n}`: {EQUIVALENT[n].reason}." for n in same] or ["None."]
+    lines += ["", f"## Wording only ({len(wording)}): a log line's text, not a promise", ""]
+    lines += [f"- `{n}`: {EQUIVALENT[n].reason}." for n in wording] or ["None."]
+    lines += ["", f"## Survived ({len(survivors)})", ""]
+    if not survivors:
+        lines.append("None.")
+    for name in survivors:
+        note = " (its equivalent entry no longer matches this mutant)" if name in stale else ""
+        lines += [f"`{name}`: {left[name]}{note}", "", "```diff", diffs[name], "```", ""]
+    missing = [n for n in stale if n not in left]
+    if missing:
+        lines += ["", "Equivalent entries naming no surviving mutant: "
+                  + ", ".join(f"`{n}`" for n in missing) + "."]  # fmt: skip
+    REPORT.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    print(f"{totals['total']} mutants: {totals['killed']} killed, {totals['equivalent']} "
+          f"equivalent, {totals['wording only']} wording only, {totals['survived']} survived "
+          f"-> {REPORT.relative_to(ROOT)}")  # fmt: skip
+    if stale:
+        print("stale equivalent entries: " + " ".join(shlex.quote(n) for n in stale))
+    return 1 if survivors or stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
