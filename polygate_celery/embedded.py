@@ -89,6 +89,7 @@ class EmbeddedRedis:
         self.dir = tempfile.mkdtemp(prefix="polygate-redis-")
         self.persistent = persistent
         self.process: subprocess.Popen[bytes] | None = None
+        self.started = False  # once it has run, it comes back on the same port
 
     @property
     def url(self) -> str:
@@ -98,12 +99,15 @@ class EmbeddedRedis:
         """Start the server; on a port another process took meanwhile, on a fresh one.
 
         A free port is only free when it is chosen: another program may bind it before
-        the server does, so the server that answers must be this one (its pid)."""
-        for _ in range(5):
+        the server does, so the server that answers must be this one (its pid). A
+        restart (after `stop`) keeps its port: clients know the server by it."""
+        for _ in range(1 if self.started else 5):
             if self._start_on_port():
+                self.started = True
                 return self
-            self.port = free_port()
-        raise NoRedisServer("the embedded Redis server found no free port")
+            if not self.started:
+                self.port = free_port()
+        raise NoRedisServer(f"the embedded Redis server could not bind port {self.port}")
 
     def _start_on_port(self) -> bool:
         persistence = (
