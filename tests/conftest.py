@@ -243,7 +243,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "",
         f"`make soak` on {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}. Each row comes from the run it names (a run of some "
-        "of the tests rewrites their rows only). The CI runs the same tests at smaller sizes.",
+        "of the tests rewrites their rows only), and only from tests that passed. The CI runs "
+        "the same tests at smaller sizes, but the frozen-then-killed Redis run (soak only).",
         "",
         "| test | figures | run (pytest exit status) |",
         "|---|---|---|",
