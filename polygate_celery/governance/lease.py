@@ -26,7 +26,7 @@ from polygate_celery.store.base import Grant, Store
 logger = logging.getLogger("polygate_celery")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lease:
     """One attempt's lease, registered with the renewer while the attempt runs."""
 
@@ -98,7 +98,8 @@ class LeaseRenewer:
         if self._task is None or self._task.done() or self._loop is not loop:
             self._loop, self._wake = loop, asyncio.Event()
             self._task = loop.create_task(self._run())
-        self._wake.set()
+        if len(self._leases) == 1:
+            self._wake.set()  # the renewer waits for a first lease; with others, it runs
         return lease
 
     def release(self, lease: Lease) -> None:
