@@ -279,7 +279,10 @@ for i = 1, n do
       local w = waiter()
       for j = 1, n do
         local queue, alive = KEYS[6 * j - 1], KEYS[6 * j]
-        if redis.call('ZREM', queue, w) == 1 then redis.call('ZREM', alive, w) end
+        -- (the hand-over of the permit it holds took it out of that source's queue)
+        if not (j == i and mine) and redis.call('ZREM', queue, w) == 1 then
+          redis.call('ZREM', alive, w)
+        end
         if j > i and handed_until[j] then
           redis.call('ZREM', KEYS[6 * j - 5], handed)
           hand_on(KEYS[6 * j - 5], queue, alive, now, ARGV[10], ARGV[T + 6 * j - 5],
