@@ -11,7 +11,8 @@ defaults but ``max_concurrency = 8`` and ``rpm = 600`` (a bucket, the default
 window); the provider serves at most 8 at once and 600 a minute as a token bucket
 (as OpenAI's limits refill), answering in 0.2-0.4 s, and refuses with a 429
 anything beyond. Reported: every call's verdict; the provider's peak concurrency
-and its refusals (429 for capacity or rate: any means the fleet went over); the
+and its refusals (429 for capacity or rate: any means the fleet went over, and the
+run exits non-zero, as it does if a call does not succeed); the
 most requests in any 60 s window; refused admissions per acquisition; the whole
 run's Redis commands, commands per second and Redis CPU.
 """
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 CAP, RPM = 8, 600
 LATENCY_S = (0.2, 0.4)
+HARNESS_TIMEOUT_S = 660.0  # the harness waits for slow starters (redis-py 8's default: 5 s)
 
 
 def config(base_url: str) -> dict[str, Any]:
@@ -53,7 +55,12 @@ def config(base_url: str) -> dict[str, Any]:
 
 
 async def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    from polygate_celery import AllSourcesExhausted, Gateway, parse_config  # noqa: PLC0415
+    from polygate_celery import (  # noqa: PLC0415
+        AllSourcesExhausted,
+        Gateway,
+        GovernanceBackendError,
+        parse_config,
+    )
     from polygate_celery.store import Grant  # noqa: PLC0415
     from polygate_celery.store.redis import RedisStore, redis_client  # noqa: PLC0415
 
@@ -81,6 +88,8 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
             verdicts["success"] += 1
         except AllSourcesExhausted as exc:
             verdicts[exc.reason] += 1
+        except GovernanceBackendError:
+            verdicts["backend_error"] += 1
 
     await asyncio.gather(*(caller() for _ in range(spec["callers"])))
     await gateway.aclose()
@@ -128,7 +137,9 @@ async def run(url: str, processes: int, callers: int) -> str:
             )
             for _ in range(processes)
         ]
-        with redis.Redis.from_url(url, decode_responses=True) as client:
+        with redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
+        ) as client:
             for _ in range(processes):
                 client.blpop([spec["ready"]], timeout=600)
             client.config_resetstat()
@@ -142,6 +153,7 @@ async def run(url: str, processes: int, callers: int) -> str:
             for key in client.scan_iter(match=f"{{{spec['prefix']}}}*"):
                 client.delete(key)
         journal = provider.journal
+        peak = provider.peak("fleet-model")
     results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
     verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
     granted = sum(r["granted"] for r in results)
@@ -164,6 +176,7 @@ async def run(url: str, processes: int, callers: int) -> str:
         "| what | figure |",
         "|---|---|",
         f"| verdicts | {dict(sorted(verdicts.items()))} |",
+        f"| the provider's peak concurrency | {peak} (cap {CAP}) |",
         f"| requests the provider saw | {len(journal)} ({dict(sorted(outcomes.items()))}) |",
         f"| provider refusals (429 for capacity or rate) | "
         f"{sum(n for o, n in outcomes.items() if o.startswith('429'))} |",
@@ -177,6 +190,9 @@ async def run(url: str, processes: int, callers: int) -> str:
         f"| Redis CPU, whole run | {redis_cpu:.2f} s ({100 * redis_cpu / elapsed:.1f} % of one "
         f"core; {1000 * redis_cpu / max(granted, 1):.2f} ms per acquisition) |",
     ]
+    refusals = sum(n for o, n in outcomes.items() if o.startswith("429"))
+    if peak > CAP or refusals or verdicts["success"] != processes * callers:
+        lines += ["", f"**FAILED**: peak {peak} (cap {CAP}), {refusals} refusals, {verdicts}"]
     return "\n".join(lines) + "\n"
 
 
@@ -192,7 +208,10 @@ def main() -> None:
     from tests.redis_server import RedisServer  # noqa: PLC0415
 
     with RedisServer() as server:
-        print(asyncio.run(run(server.url, args.processes, args.callers)))
+        report = asyncio.run(run(server.url, args.processes, args.callers))
+    print(report)
+    if "**FAILED**" in report:
+        raise SystemExit("the fleet went over its cap or quota, or a call did not succeed")
 
 
 if __name__ == "__main__":

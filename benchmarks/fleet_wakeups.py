@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 HOLD_S = 0.0035
 CAP = 4
+HARNESS_TIMEOUT_S = 660.0  # the harness waits for slow starters (redis-py 8's default: 5 s)
 
 
 # -- the worker process -----------------------------------------------------------------------
@@ -99,7 +100,9 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
 def info(url: str, section: str) -> dict[str, Any]:
     import redis  # noqa: PLC0415
 
-    with redis.Redis.from_url(url, decode_responses=True) as client:
+    with redis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
+    ) as client:
         return dict(client.info(section))
 
 
@@ -124,7 +127,9 @@ async def row(url: str, processes: int, callers: int, acquisitions: int) -> dict
         )
         for _ in range(processes)
     ]
-    with redis.Redis.from_url(url, decode_responses=True) as client:
+    with redis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
+    ) as client:
         for _ in range(processes):
             client.blpop([ready], timeout=600)
         client.config_resetstat()

@@ -26,7 +26,7 @@ from polygate_celery.store.base import Grant, Store
 logger = logging.getLogger("polygate_celery")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lease:
     """One attempt's lease, registered with the renewer while the attempt runs."""
 
@@ -68,6 +68,7 @@ class LeaseRenewer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._every_s = 0.0  # a third of the latest first lease's length
 
     def hold(self, source: SourceTerms, grant: Grant, asked_at: float) -> Lease:
         """Keep `grant`'s lease alive while the enclosed attempt runs (a `with` block).
@@ -98,7 +99,9 @@ class LeaseRenewer:
         if self._task is None or self._task.done() or self._loop is not loop:
             self._loop, self._wake = loop, asyncio.Event()
             self._task = loop.create_task(self._run())
-        self._wake.set()
+        if len(self._leases) == 1:
+            self._every_s = grant.lease_s / 3
+            self._wake.set()  # the renewer waits for a first lease; with others, it runs
         return lease
 
     def release(self, lease: Lease) -> None:
@@ -114,10 +117,16 @@ class LeaseRenewer:
             if not self._leases:
                 self._wake.clear()
                 await self._wake.wait()
-                continue
-            every = min(lease.lease_s for lease in self._leases.values()) / 3
-            earliest = min(lease.valid_until for lease in self._leases.values())
-            await self._clock.sleep(min(every, earliest - self._clock.now()))
+            if self._leases:
+                every = min(lease.lease_s for lease in self._leases.values()) / 3
+                earliest = min(lease.valid_until for lease in self._leases.values())
+                delay = min(every, earliest - self._clock.now())
+            else:
+                # Woken by a lease whose attempt has ended already (a quick call): the
+                # next renewal would be due a third of a lease on, so sleep that long;
+                # the quick calls that come and go meanwhile do not wake this task.
+                delay = self._every_s
+            await self._clock.sleep(delay)
             self._cancel_expired()
             if self._leases:
                 await self._renew()

@@ -53,7 +53,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -176,6 +176,7 @@ class GovernedCall:
         self.last_error: str | None = None
         self.call_id = next(_permit_ids)
         self.gated = False
+        self.refused = False  # refused since its last grant: it may be in a store's queue
 
     async def run(self) -> CallResult:
         try:
@@ -202,30 +203,37 @@ class GovernedCall:
         while True:
             if plan.policy.rate_limit_exempt:
                 await self._raise_if_stalled()
-            if self.rt.clock.now() >= self.deadline:
+            asked_at = self.rt.clock.now()  # the lease cannot start earlier
+            if asked_at >= self.deadline:
                 raise self._exhausted("deadline")
             order = self._order()
+            if order is plan.sources:
+                candidates = plan.candidates
+            else:
+                candidates = tuple(plan.terms[s] for s in order)
             # Watch before asking, so a permit released right after the refusal is not missed.
             with self.rt.store.watch_releases(order, self.call_id) as released:
-                asked_at = self.rt.clock.now()
                 admission = await self.rt.store.admit(
                     AdmitRequest(
                         scope=plan.name,
-                        candidates=tuple(plan.terms[s] for s in order),
+                        candidates=candidates,
                         permit_id=next(_permit_ids),
                         est_tokens=self.est_tokens,
                         gate=self.rt.scope_gate,
                         call_id=self.call_id,
                         probe_lease_s=plan.max_call_s,
                         claim_s=0.0 if self.fail_fast else plan.claim_s,
+                        queued=self.refused,
                     )
                 )
                 if isinstance(admission, Denial):
+                    self.refused = True
                     if admission.gated_for_s is not None:
                         self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
                     await self._on_no_runnable(admission, released)
                     continue
             self.stay_on = self.hold_on = None  # one attempt each
+            self.refused = False
             outcome, charged = await self._attempt(admission, asked_at)
             if outcome.kind is OutcomeKind.SUCCESS:
                 return self._result(admission.source, outcome)
@@ -237,7 +245,7 @@ class GovernedCall:
             if not charged and not plan.policy.rate_limit_exempt:
                 await self._raise_if_stalled()  # an outage is waiting (rule 15)
 
-    def _order(self) -> list[str]:
+    def _order(self) -> Sequence[str]:
         """The sources to ask for, best first (SPEC §5 "Failover discipline"): while a
         short Retry-After of the first source runs, that source alone (the wait goes
         through the no-runnable path); a source just failed by a 5xx or a connection
@@ -249,6 +257,8 @@ class GovernedCall:
             if self.rt.clock.now() < until + self.plan.poll_interval_s:
                 return [source]
             self.hold_on = None
+        if not self.excluded and not self.last_failure and self.stay_on is None:
+            return self.plan.sources  # what preference_order gives: configuration order
         return preference_order(self.plan.sources, self.excluded, self.last_failure, self.stay_on)
 
     def _plan_next(self, source: str, outcome: Outcome) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
@@ -66,6 +66,11 @@ class ScopePlan:
     outage_is_waiting: bool = True
     same_source_retries: int = 1
     wait_out_retry_after_s: float = 5.0
+    # the terms of `sources`, in their order: the candidates of a call's first ask
+    candidates: tuple[SourceTerms, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "candidates", tuple(self.terms[s] for s in self.sources))
 
     @property
     def claim_s(self) -> float:

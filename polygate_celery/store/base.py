@@ -33,7 +33,9 @@ class AdmitRequest:
     With `claim_s` > 0 the caller (`call_id`) will wait if refused: a fleet-wide
     store queues it, first come first served, for the sources that refused it for
     capacity alone, and hands it a released permit, held for it `claim_s` (the
-    caller asks again within that, or drops out of the queue).
+    caller asks again within that, or drops out of the queue). `queued` False says
+    the caller is in no queue (it has not been refused since its last grant, or ever):
+    the store need not look for it there, nor for a permit handed to it.
     """
 
     scope: str
@@ -44,6 +46,7 @@ class AdmitRequest:
     call_id: str = ""
     probe_lease_s: float = 0.0
     claim_s: float = 0.0
+    queued: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,12 +117,16 @@ async def test_independent_scopes_run_on_different_shards(cluster: RedisClusterG
     )
     try:
         owners = set()
+        grants: list[tuple[SourceTerms, str, float]] = []
         for i, name in enumerate(names):
             terms: SourceTerms = source_terms(cfg, name)
             grant = await store.admit(AdmitRequest(f"scope{i}", (terms,), f"p{i}"))
             assert isinstance(grant, Grant)
             owners.add(cluster.owner(slot(store.keys.permits(name))))
+            grants.append((terms, grant.permit_id, 30.0))
         assert len(owners) >= 2, "every group landed on one shard"
+        # One process's renewal batch holds leases of every group: each still renews.
+        assert await store.renew(grants) == [True] * len(names)
         print(f"12 independent scopes: permits on {len(owners)} of 3 masters")
     finally:
         await remove_keys(store)

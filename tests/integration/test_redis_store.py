@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
+from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from polygate_celery import GovernanceBackendError
@@ -95,4 +97,22 @@ async def test_an_expired_lease_is_not_revived_by_a_renewal(
     assert await store.renew([(TERMS, "p", 1.0)]) == [False]
     assert await store.client.zscore(store.keys.permits("a"), "p") is None
     assert grant is not None
+    await store.aclose()
+
+
+async def test_a_connection_the_server_closed_is_replaced_before_the_next_call(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """admit and settle keep their connections between calls (as the pool would)."""
+    store = RedisStore.from_url(redis_url, prefix=fleet_prefix)
+    grant = await store.admit(AdmitRequest("s", (TERMS,), "p"))
+    assert isinstance(grant, Grant)
+    killer = Redis.from_url(redis_url)
+    assert await killer.client_kill_filter(_type="normal", skipme=True) >= 1
+    await killer.aclose()
+    await asyncio.sleep(0.5)  # the closed connection's end reaches the event loop
+    settled = Settlement("s", TERMS, "p", grant.admitted_at, Effect.SUCCESS)
+    assert await store.settle(settled) is True
+    await store.client.script_flush()  # and the scripts are loaded again on that path
+    assert isinstance(await store.admit(AdmitRequest("s", (TERMS,), "q")), Grant)
     await store.aclose()

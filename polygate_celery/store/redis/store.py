@@ -56,11 +56,13 @@ from polygate_celery.store.redis.connect import (
 )
 from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
+from polygate_celery.store.redis.wire import Command, KeptConnections
 from polygate_celery.store.releases import ReleaseHub, Watch
 
 logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
+_COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
 _SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate", "quota")
 # Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
 # for a connection made on another event loop); cancellation passes through.
@@ -84,17 +86,22 @@ def _fmt(x: float) -> str:
     return repr(float(x))
 
 
-def _announced(limits: RateLimits | None) -> str:
+_NOT_ANNOUNCED = (b"0", b"0")
+
+
+def _announced(limits: RateLimits | None) -> tuple[bytes, ...]:
     """The provider's announced limits as settle.lua reads them (a limit of 0: none)."""
 
-    def pair(limit: int | None, remaining: int | None) -> str:
-        return "0 0" if not limit or limit <= 0 or remaining is None else f"{limit} {remaining}"
+    def pair(limit: int | None, remaining: int | None) -> tuple[bytes, bytes]:
+        if not limit or limit <= 0 or remaining is None:
+            return _NOT_ANNOUNCED
+        return str(limit).encode(), str(remaining).encode()
 
     if limits is None:
-        return "0 0 0 0"
+        return _NOT_ANNOUNCED * 2
     return (
-        f"{pair(limits.requests_limit, limits.requests_remaining)} "
-        f"{pair(limits.tokens_limit, limits.tokens_remaining)}"
+        *pair(limits.requests_limit, limits.requests_remaining),
+        *pair(limits.tokens_limit, limits.tokens_remaining),
     )
 
 
@@ -131,8 +138,14 @@ class RedisStore:
         self._io_hold = clock.waiting_for_io if isinstance(clock, WaitsForIO) else None
         self._scripts = {name: LuaScript(_lua(name)) for name in _SCRIPTS}
         self._origin = uuid.uuid4().hex[:12]
-        self._lease_arg = _fmt(lease_s)
+        self._lease_arg = _fmt(lease_s).encode()
         self._encodings: dict[SourceTerms, _Encoded] = {}
+        # Packed commands, by scope and the identity of the terms (held by the entry, so
+        # an id is not reused while it is cached): a dictionary look-up per call.
+        self._admit_commands: dict[tuple[object, ...], tuple[tuple[SourceTerms, ...], Command]]
+        self._admit_commands = {}
+        self._settle_commands: dict[tuple[str, int], tuple[SourceTerms, Command]] = {}
+        self._kept = KeptConnections.of(client)
         self._releases = ReleaseHub()
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
@@ -172,6 +185,8 @@ class RedisStore:
     async def aclose(self) -> None:
         """Stop listening for releases and close the connections."""
         self._closed = True
+        if self._kept is not None:
+            await self._kept.aclose()
         if self._listener is not None:
             self._listener.cancel()
             # redis-py may swallow a cancellation while it connects; the loop also
@@ -183,26 +198,19 @@ class RedisStore:
     # -- the protocol --------------------------------------------------------------
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
-        keys: list[str] = []
-        gate = f"{_fmt(request.probe_lease_s)} {request.call_id}" if request.gate else ""
-        waiter = ""
+        waits = b"0"
         if request.claim_s > 0 and request.call_id:
-            waiter = f"{self._origin} {request.call_id} {_fmt(request.claim_s)}"
-        args: list[str | int | float] = [
-            self._now(),
-            request.permit_id,
-            self._lease_arg,
-            request.est_tokens,
-            gate,
-            waiter,
-        ]
-        for terms in request.candidates:
-            encoded = self._encoded(terms)
-            keys += encoded.admit_keys
-            args.append(encoded.admit_terms)
-        args.append(self.keys.wake)
-        keys.append(self.keys.gate(request.scope))
-        reply = await self._run("admit", keys, args)
+            waits = b"2" if request.queued else b"1"
+        args = (
+            self._now_arg(),
+            request.permit_id.encode(),
+            str(request.est_tokens).encode(),
+            request.call_id.encode(),
+            waits,
+            _fmt(request.probe_lease_s).encode() if request.gate else b"",
+            _fmt(request.claim_s).encode(),
+        )
+        reply = await self._send("admit", self._admit_command(request), args)
         try:
             if int(reply[0]) == 1:
                 for call_id, source in zip(reply[3::2], reply[4::2], strict=True):
@@ -211,7 +219,7 @@ class RedisStore:
             if int(reply[0]) == 2:
                 gated = float(reply[1])
                 return Denial(gated, (), gated_for_s=gated, gated_reset=str(reply[2]) == "1")
-            if waiter:
+            if waits != b"0":
                 self._listen_for_releases()  # someone here is about to wait
             reasons: list[tuple[str, BlockReason]] = [
                 (str(name), reason) for name, reason in zip(reply[2::2], reply[3::2], strict=True)
@@ -222,33 +230,19 @@ class RedisStore:
 
     async def settle(self, settlement: Settlement) -> bool:
         terms = settlement.source
-        encoded = self._encoded(terms)
         pause = settlement.pause_s
-        args: list[str | int | float] = [
-            self._now(),
-            settlement.permit_id,
-            settlement.effect.value,
-            1 if settlement.congested else 0,
-            _fmt(pause) if pause is not None and math.isfinite(pause) else "",
-            settlement.est_tokens,
-            settlement.used_tokens,
-            _fmt(settlement.admitted_at),
-            encoded.settle_terms,
-            self.keys.wake,
-            encoded.release_message,
-            _announced(settlement.limits),
-        ]
-        permits, state, quota, _, queue, alive = encoded.admit_keys  # not the log: a send is a send
-        keys = [
-            permits,
-            state,
-            quota,
-            self.keys.progress(settlement.scope),
-            self.keys.gate(settlement.scope),
-            queue,
-            alive,
-        ]
-        reply = await self._run("settle", keys, args)
+        args = (
+            self._now_arg(),
+            settlement.permit_id.encode(),
+            settlement.effect.value.encode(),
+            b"1" if settlement.congested else b"0",
+            _fmt(pause).encode() if pause is not None and math.isfinite(pause) else b"",
+            str(settlement.est_tokens).encode(),
+            str(settlement.used_tokens).encode(),
+            _fmt(settlement.admitted_at).encode(),
+            *_announced(settlement.limits),
+        )
+        reply = await self._send("settle", self._settle_command(settlement.scope, terms), args)
         if isinstance(reply, str) and reply not in ("0", "1"):
             self._releases.wake_call(reply, terms.name)  # a waiter here: no message
             return True
@@ -258,17 +252,26 @@ class RedisStore:
         return released
 
     async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
+        """One script per hash tag among the leases' keys: one on a single server or behind
+        Sentinel, one per governance group on a cluster (a script's keys share a slot)."""
         keys = [self.keys.permits(source.name) for source, _, _ in leases]
-        args: list[str | int | float] = [self._now()]
-        for _, permit_id, lease_s in leases:
-            args += [permit_id, _fmt(lease_s)]
-        reply = await self._run("renew", keys, args)
-        try:
-            held = [int(x) == 1 for x in reply]
-        except _REPLY_ERRORS as exc:
-            raise GovernanceBackendError(f"renew: unexpected reply {reply!r}") from exc
-        if len(held) != len(leases):
-            raise GovernanceBackendError(f"renew: unexpected reply {reply!r}")
+        by_tag: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_tag.setdefault(key[: key.index("}") + 1], []).append(i)
+        held = [False] * len(leases)
+        for batch in by_tag.values():
+            args: list[str | int | float] = [self._now()]
+            for i in batch:
+                args += [leases[i][1], _fmt(leases[i][2])]
+            reply = await self._run("renew", [keys[i] for i in batch], args)
+            try:
+                answers = [int(x) == 1 for x in reply]
+            except _REPLY_ERRORS as exc:
+                raise GovernanceBackendError(f"renew: unexpected reply {reply!r}") from exc
+            if len(answers) != len(batch):
+                raise GovernanceBackendError(f"renew: unexpected reply {reply!r}")
+            for i, answer in zip(batch, answers, strict=True):
+                held[i] = answer
         return held
 
     async def progress_age_s(self, scope: str) -> float:
@@ -356,12 +359,77 @@ class RedisStore:
         """A source's keys and packed terms, built once per distinct terms."""
         encoded = self._encodings.get(terms)
         if encoded is None:
-            encoded = _Encoded.of(terms, self.keys, self._origin)
+            encoded = _Encoded.of(terms, self.keys)
             self._encodings[terms] = encoded
         return encoded
 
+    def _admit_command(self, request: AdmitRequest) -> Command:
+        """admit.lua's keys and fixed arguments for this scope and these candidates."""
+        candidates = request.candidates
+        key = (request.scope, *map(id, candidates))
+        cached = self._admit_commands.get(key)
+        if cached is not None:
+            return cached[1]
+        keys: list[bytes] = []
+        tail = [self._lease_arg, self._origin.encode(), self.keys.wake.encode()]
+        for terms in candidates:
+            encoded = self._encoded(terms)
+            keys += encoded.keys
+            tail += encoded.admit_terms
+        keys.append(self.keys.gate(request.scope).encode())
+        command = Command(keys, tail)
+        if len(self._admit_commands) >= _COMMANDS_KEPT:
+            self._admit_commands.clear()  # terms made afresh per call: bounded all the same
+        self._admit_commands[key] = (candidates, command)
+        return command
+
+    def _settle_command(self, scope: str, terms: SourceTerms) -> Command:
+        """settle.lua's keys and fixed arguments for this scope and source."""
+        key = (scope, id(terms))
+        cached = self._settle_commands.get(key)
+        if cached is not None:
+            return cached[1]
+        encoded = self._encoded(terms)
+        permits, state, quota, _, queue, alive = encoded.keys  # not the log: a send is a send
+        keys = [
+            permits,
+            state,
+            quota,
+            self.keys.progress(scope).encode(),
+            self.keys.gate(scope).encode(),
+            queue,
+            alive,
+        ]
+        tail = [self._origin.encode(), terms.name.encode(), self.keys.wake.encode()]
+        command = Command(keys, [*tail, *encoded.settle_terms])
+        if len(self._settle_commands) >= _COMMANDS_KEPT:
+            self._settle_commands.clear()
+        self._settle_commands[key] = (terms, command)
+        return command
+
     def _now(self) -> str:
         return "" if self._clock is None else _fmt(self._clock.now())
+
+    def _now_arg(self) -> bytes:
+        return b"" if self._clock is None else _fmt(self._clock.now()).encode()
+
+    async def _send(self, name: str, command: Command, args: Sequence[bytes]) -> Any:
+        """Run `name` (admit or settle) with `command`'s keys and fixed arguments."""
+        with self._io_hold() if self._io_hold is not None else contextlib.nullcontext():
+            script = self._scripts[name]
+            try:
+                if self._kept is None:  # a cluster client: it routes by the keys' slot
+                    if self._cold:
+                        await self._warm()
+                    return await script.run(self.client, command.keys, command.arguments(args))
+                try:
+                    return await self._kept.roundtrip(command.pack(script.sha_bytes, args))
+                except NoScriptError:
+                    await script.load(self.client)
+                    return await self._kept.roundtrip(command.pack(script.sha_bytes, args))
+            except _BACKEND_ERRORS as exc:
+                hint = _CLUSTER_HINT if _cluster_refusal(exc, self._client) else ""
+                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}{hint}") from exc
 
     async def _run(self, name: str, keys: list[str], args: Sequence[str | int | float]) -> Any:
         with self._io_hold() if self._io_hold is not None else contextlib.nullcontext():
@@ -453,19 +521,28 @@ class LuaScript:
     call, a sixth of a loopback round trip.)
     """
 
-    __slots__ = ("sha", "text")
+    __slots__ = ("sha", "sha_bytes", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+        self.sha_bytes = self.sha.encode()
+
+    async def load(self, client: Redis) -> None:
+        """Load the script into the server (after ``NOSCRIPT``)."""
+        self.sha = await client.script_load(self.text)
+        self.sha_bytes = self.sha.encode()
 
     async def run(
-        self, client: Redis, keys: Sequence[str], args: Sequence[str | int | float]
+        self,
+        client: Redis,
+        keys: Sequence[str | bytes],
+        args: Sequence[str | bytes | int | float],
     ) -> Any:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            self.sha = await client.script_load(self.text)
+            await self.load(client)
             return await client.evalsha(self.sha, len(keys), *keys, *args)
 
     def run_blocking(
@@ -477,6 +554,7 @@ class LuaScript:
                 return client.evalsha(self.sha, len(keys), *keys, *args)
             except NoScriptError:
                 self.sha = client.script_load(self.text)
+                self.sha_bytes = self.sha.encode()
                 return client.evalsha(self.sha, len(keys), *keys, *args)
         except _BACKEND_ERRORS as exc:
             raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
@@ -486,44 +564,44 @@ class LuaScript:
 class _Encoded:
     """What the scripts need of one source's terms, as they are sent."""
 
-    admit_keys: tuple[str, str, str, str, str, str]
-    admit_terms: str
-    settle_terms: str
-    release_message: str
+    keys: tuple[bytes, bytes, bytes, bytes, bytes, bytes]  # admit's, in its order
+    admit_terms: tuple[bytes, ...]
+    settle_terms: tuple[bytes, ...]
 
     @classmethod
-    def of(cls, terms: SourceTerms, keys: KeySpace, origin: str) -> _Encoded:
+    def of(cls, terms: SourceTerms, keys: KeySpace) -> _Encoded:
         quota = terms.quota
         rpm = (quota.rpm or 0) if quota else 0
         tpm = (quota.tpm or 0) if quota else 0
         window = _fmt(WINDOW_S) if quota and quota.rpm_window == "sliding" else "0"
         initial = terms.aimd.initial_limit or 0
         breaker, aimd = terms.breaker, terms.aimd
+        group = quota.name if quota else None
+        names = (
+            keys.permits(terms.name),
+            keys.state(terms.name),
+            keys.quota(group, terms.name),
+            keys.quota_log(group, terms.name),
+            keys.queue(terms.name),
+            keys.alive(terms.name),
+        )
+        permits, state, quota_key, log, queue, alive = (name.encode() for name in names)
+        admit = (terms.name, terms.max_concurrency, initial, rpm, tpm, window)
+        settle = (
+            breaker.failure_threshold,
+            _fmt(breaker.cooldown_s),
+            _fmt(breaker.auth_cooldown_s),
+            terms.max_concurrency,
+            _fmt(aimd.increase),
+            _fmt(aimd.decrease_factor),
+            initial,
+            tpm,
+            _fmt(PROGRESS_TTL_S),
+        )
         return cls(
-            admit_keys=(
-                keys.permits(terms.name),
-                keys.state(terms.name),
-                keys.quota(quota.name if quota else None, terms.name),
-                keys.quota_log(quota.name if quota else None, terms.name),
-                keys.queue(terms.name),
-                keys.alive(terms.name),
-            ),
-            admit_terms=f"{terms.name} {terms.max_concurrency} {initial} {rpm} {tpm} {window}",
-            settle_terms=" ".join(
-                str(x)
-                for x in (
-                    breaker.failure_threshold,
-                    _fmt(breaker.cooldown_s),
-                    _fmt(breaker.auth_cooldown_s),
-                    terms.max_concurrency,
-                    _fmt(aimd.increase),
-                    _fmt(aimd.decrease_factor),
-                    initial,
-                    tpm,
-                    _fmt(PROGRESS_TTL_S),
-                )
-            ),
-            release_message=f"{origin} {terms.name}",
+            keys=(permits, state, quota_key, log, queue, alive),
+            admit_terms=tuple(str(x).encode() for x in admit),
+            settle_terms=tuple(str(x).encode() for x in settle),
         )
 
 

@@ -7,12 +7,13 @@ Written against the protocol only (SPEC §5), so every store implementation in
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.terms import BreakerTerms, QuotaTerms, SourceTerms
-from polygate_celery.store import Denial, Grant, Store
+from polygate_celery.store import AdmitRequest, Denial, Grant, Store
 from tests.unit.store.conftest import Harness
 
 A = SourceTerms("a", max_concurrency=2)
@@ -78,6 +79,28 @@ async def test_a_repeated_admit_with_the_same_permit_id_is_idempotent(h: Harness
     assert await h.settle(first, ONE) is True
     assert await h.settle(again, ONE) is False
     assert (await h.snapshot(ONE)).permits_in_use == 0
+
+
+async def test_a_repeated_admit_returns_its_grant_whatever_happened_since(h: Harness) -> None:
+    first = await h.grant(A, permit_id="p")
+    await h.store.pause_source("a", 30)
+    assert (await h.grant(A, permit_id="p")).permit_id == "p"  # paused since
+    await h.store.resume_source("a")
+    await h.store.close_gate("s", 30)
+    gated = AdmitRequest("s", (A,), "p", gate=True, call_id="other", probe_lease_s=60)
+    assert isinstance(await h.store.admit(gated), Grant)  # gated since
+    assert isinstance(await h.store.admit(replace(gated, permit_id="q", call_id="c")), Grant)
+    assert (await h.snapshot(A)).permits_in_use == 2  # "p" took neither the probe nor a permit
+    assert await h.settle(first, A) is True
+
+
+async def test_a_caller_in_no_queue_may_say_so(h: Harness) -> None:
+    """`queued=False` (not refused since its last grant) changes no answer."""
+    request = AdmitRequest("s", (ONE,), "p", call_id="w", claim_s=3.0, queued=False)
+    assert isinstance(await h.store.admit(request), Grant)
+    assert isinstance(await h.store.admit(request), Grant)  # repeated: its first grant
+    assert isinstance(await h.store.admit(replace(request, permit_id="q")), Denial)
+    assert (await h.snapshot(ONE)).permits_in_use == 1
 
 
 async def test_a_repeated_admit_keeps_its_source_when_a_better_one_reopens(h: Harness) -> None:

@@ -5,7 +5,9 @@
 -- Key layout (every key shares the hash tag {<prefix>}, so one Cluster slot):
 --   KEYS[6i-5]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (store time, s);
 --                                                "~<call id>": a permit handed to that
---                                                waiting call -> the end of its claim
+--                                                waiting call -> the end of its claim.
+--                                                Expired members are reclaimed when they
+--                                                would count: when the set is full
 --   KEYS[6i-4]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
 --                                                last_decrease paused_until; learned
 --                                                quota: lrpm lreq ltpm ltok ltsince
@@ -13,27 +15,33 @@
 --                                                GCRA times, when tpm was learned, the
 --                                                last announcement)
 --   KEYS[6i-3]  {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
---                                                a placeholder key when the source has none
+--                                                a placeholder key when the source has
+--                                                none (never read)
 --   KEYS[6i-2]  {p}:v1:quota:<group>:log   ZSET  permit id -> admission time (the RPM
---                                                sliding window); a placeholder likewise
---   KEYS[6i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> arrival (FIFO, fleet-wide)
+--                                                sliding window; members older than the
+--                                                window are dropped when it is full); a
+--                                                placeholder likewise
+--   KEYS[6i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> arrival (FIFO, fleet-wide); a
+--                                                waiter is "<origin> <call id> <claim s>"
 --   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
 --                                                each of its admissions)
 --   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
--- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
--- ARGV[2]  permit id (chosen by the caller: a repeated admit returns its first grant)
--- ARGV[3]  lease seconds
--- ARGV[4]  estimated tokens
--- ARGV[5]  "" (no gate), or "<probe lease s> <call id>": while the scope's gate is closed
---          one call at a time may probe; the others are refused at once
--- ARGV[6]  "" (the caller does not wait), or the waiter "<origin> <call id> <claim s>":
---          refused for capacity alone, it joins the source's queue; a permit a release
---          handed to it (see settle.lua) is its own; granted, it leaves every queue and
---          hands on a permit it was handed elsewhere
--- ARGV[6+i]  the i-th candidate, best first, as one space-separated string:
---            "name cap initial_aimd_limit(0: the cap) rpm(0: none) tpm(0: none)
---             window_s(0: rpm as a bucket, else a sliding window of this length)"
--- ARGV[7+n]  the wake-up channel of origin X is this text followed by X
+-- ARGV[1]   now in seconds, or "" to read Redis TIME (the default store clock)
+-- ARGV[2]   permit id (chosen by the caller: a repeated admit returns its first grant)
+-- ARGV[3]   estimated tokens
+-- ARGV[4]   call id ("" for none): the gate's probe, and the waiter, are known by it
+-- ARGV[5]   "0": the caller does not wait; "1": refused for capacity alone, it joins the
+--           source's queue (it is in no queue yet); "2": likewise, and it may be queued
+--           already: a permit a release handed to it (see settle.lua) is its own, and
+--           granted, it leaves every queue and hands on a permit it was handed elsewhere
+-- ARGV[6]   "" (no gate), or the probe's lease in seconds: while the scope's gate is
+--           closed one call at a time may probe; the others are refused at once
+-- ARGV[7]   the waiter's claim in seconds     ARGV[8]   lease seconds
+-- ARGV[9]   the caller's origin (its process)
+-- ARGV[10]  the wake-up channel of origin X is this text followed by X
+-- ARGV[11..16] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
+--           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket,
+--           else a sliding window of this length)
 -- Returns  {1, name, admitted_at, call, source, ...}     a grant; then any waiter of
 --                                                         the caller's process a
 --                                                         permit was handed on to
@@ -42,22 +50,12 @@
 --          {2, gated_for_s, reset}                        refused by the scope's gate
 --                                                         (reset "1": it opens when
 --                                                         rate limits reset)
--- Time: Redis TIME unless ARGV[1] is given.
-
-local function store_now(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+-- Time: Redis TIME unless ARGV[1] is given. Commands: Redis 6.2 or later (ZMSCORE).
+-- Numbers handed to redis.call are written as %.17g, as fmt() does.
 
 local function fmt(x) return string.format('%.17g', x) end
 local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
-
-local function fields(s)
-  local out = {}
-  for word in string.gmatch(s, '%S+') do out[#out + 1] = word end
-  return out
-end
+local T = 10  -- the arguments before the candidates'
 
 local function gcra(tat, now, cost, limit)
   local interval = 60.0 / limit
@@ -100,36 +98,52 @@ local function hand_on(pkey, queue, alive, now, channel, name, own_origin, local
   end
 end
 
-local now = store_now(ARGV[1])
-local permit = ARGV[2]
-local lease = tonumber(ARGV[3])
-local est = tonumber(ARGV[4])
-local waiter = ARGV[6]
-local n = #ARGV - 7
-local channel = ARGV[7 + n]
-local handed, waiter_claim, own_origin = '', 0, ''
-if waiter ~= '' then
-  local origin, call, claim = string.match(waiter, '^(%S+) (%S+) (%S+)$')
-  handed, waiter_claim, own_origin = '~' .. call, tonumber(claim), origin
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+local permit, est, call, waits = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local n = (#ARGV - T) / 6
+local queued = waits == '2'
+local handed = '~' .. call
+local function waiter() return ARGV[9] .. ' ' .. call .. ' ' .. ARGV[7] end
 
-for i = 1, n do
-  if redis.call('ZSCORE', KEYS[6 * i - 5], permit) then
-    return {1, fields(ARGV[6 + i])[1], fmt(now)}
+-- A repeated admit returns its first grant. With one candidate and no queue to look
+-- in, the permit's presence is checked where it matters instead: when adding it, and
+-- before any refusal (`unchecked`).
+local handed_until = {}  -- candidate -> the claim of a permit handed to this caller there
+local unchecked = not queued and n == 1
+if not unchecked then
+  for i = 1, n do
+    local pkey = KEYS[6 * i - 5]
+    if queued then
+      local s = redis.call('ZMSCORE', pkey, permit, handed)
+      if s[1] then return {1, ARGV[T + 6 * i - 5], fmt(now)} end
+      if s[2] then handed_until[i] = tonumber(s[2]) end
+    elseif redis.call('ZSCORE', pkey, permit) then
+      return {1, ARGV[T + 6 * i - 5], fmt(now)}
+    end
   end
 end
+local function held_already()  -- asked at most once
+  if not unchecked then return false end
+  unchecked = false
+  return redis.call('ZSCORE', KEYS[1], permit)
+end
 
-if ARGV[5] ~= '' then
+if ARGV[6] ~= '' then
   local gkey = KEYS[6 * n + 1]
   local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset')
   local closed_until = tonumber(g[1])
   if closed_until and closed_until <= now then
     redis.call('DEL', gkey)
   elseif closed_until then
-    local lease_text, call = string.match(ARGV[5], '^(%S+) (.*)$')
-    local probe_lease = tonumber(lease_text)
+    if held_already() then return {1, ARGV[T + 1], fmt(now)} end
     if not g[2] or g[2] == call or tonumber(g[3] or '-1e300') <= now then
-      redis.call('HSET', gkey, 'probe', call, 'probe_until', fmt(now + probe_lease))
+      redis.call('HSET', gkey, 'probe', call, 'probe_until', now + tonumber(ARGV[6]))
     else
       return {2, fmt(closed_until - now), g[4] or '0'}
     end
@@ -139,23 +153,30 @@ end
 local denial = {0, ''}
 local soonest = nil
 for i = 1, n do
-  local c = fields(ARGV[6 + i])
-  local name, cap = c[1], tonumber(c[2])
-  local initial, rpm, tpm = tonumber(c[3]), tonumber(c[4]), tonumber(c[5])
-  local window = tonumber(c[6])
+  local a = T + 6 * i - 6
+  local name, cap, initial = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local rpm, tpm, window = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
   local pkey, skey, qkey, lkey = KEYS[6 * i - 5], KEYS[6 * i - 4], KEYS[6 * i - 3], KEYS[6 * i - 2]
 
-  redis.call('ZREMRANGEBYSCORE', pkey, '-inf', fmt(now))  -- reclaim leases expired by now
-  -- a permit handed to this caller: its own (it takes the place of the hand-over)
-  local mine = handed ~= '' and redis.call('ZREM', pkey, handed) == 1
+  -- a permit handed to this caller: its own (it takes the place of the hand-over);
+  -- one whose claim has ended is reclaimed
+  local mine = false
+  if handed_until[i] then
+    redis.call('ZREM', pkey, handed)
+    mine = handed_until[i] > now
+  end
   local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until',
     'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen')
   local mode = st[1] or 'closed'
   local open_until = tonumber(st[2] or '0')
   local probe = st[3]
-  if probe and not redis.call('ZSCORE', pkey, probe) then
-    probe = false  -- the probe's lease was reclaimed: the half-open slot is free again
-    redis.call('HDEL', skey, 'probe')
+  if probe then
+    local lease_end = redis.call('ZSCORE', pkey, probe)
+    if not lease_end or tonumber(lease_end) <= now then
+      probe = false  -- the probe's lease ended: the half-open slot is free again
+      redis.call('HDEL', skey, 'probe')
+      if lease_end then redis.call('ZREM', pkey, st[3]) end
+    end
   end
   if initial <= 0 then initial = cap end
   initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
@@ -177,68 +198,95 @@ for i = 1, n do
     if probe then reasons[#reasons + 1] = 'probe_in_flight' else take_probe = true end
   end
   local permits = math.max(1, math.min(cap, math.floor(limit)))
-  if redis.call('ZCARD', pkey) >= permits then reasons[#reasons + 1] = 'at_capacity' end
+  local in_use = redis.call('ZCARD', pkey)
+  if in_use >= permits then  -- full: reclaim the leases expired by now, count again
+    in_use = in_use - redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
+  end
+  if in_use >= permits then reasons[#reasons + 1] = 'at_capacity' end
   local req_tat, tok_tat = nil, nil
-  local waits = {}  -- declared and learned quotas alike: one 'quota' reason
+  local waits_s = {}  -- declared and learned quotas alike: one 'quota' reason
   if rpm > 0 or tpm > 0 then
     local q = redis.call('HMGET', qkey, 'req', 'tok')
     req_tat, tok_tat = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
     if rpm > 0 and window > 0 then
-      redis.call('ZREMRANGEBYSCORE', lkey, '-inf', fmt(now - window))
-      local excess = redis.call('ZCARD', lkey) - rpm
+      local count = redis.call('ZCARD', lkey)
+      if count >= rpm then  -- full: drop what left the window, count again
+        count = count - redis.call('ZREMRANGEBYSCORE', lkey, '-inf', now - window)
+      end
+      local excess = count - rpm
       if excess >= 0 then  -- the oldest `excess + 1` must leave the window first
         local oldest = redis.call('ZRANGE', lkey, excess, excess, 'WITHSCORES')
-        waits[#waits + 1] = math.max(0, tonumber(oldest[2]) + window - now)
+        waits_s[#waits_s + 1] = math.max(0, tonumber(oldest[2]) + window - now)
       end
       -- Charged to the bucket too, unenforced: workers that count rpm as a bucket
       -- (during a rolling upgrade, or after a changed setting) see this admission.
       req_tat = math.min(math.max(req_tat, now) + 60.0 / rpm, now + 60.0)
     elseif rpm > 0 then
-      req_tat = charge(waits, req_tat, now, 1, rpm)
+      req_tat = charge(waits_s, req_tat, now, 1, rpm)
     end
-    if tpm > 0 and est > 0 then tok_tat = charge(waits, tok_tat, now, est, tpm) end
+    if tpm > 0 and est > 0 then tok_tat = charge(waits_s, tok_tat, now, est, tpm) end
   end
   -- the provider's announced limits (learned at settle), beside any declared quota
-  local lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
-  local lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
-  if now - tonumber(st[10] or '-1e300') > LEARNED_TTL_S then lrpm, ltpm = 0, 0 end
-  if lrpm > 0 then lreq = charge(waits, lreq, now, 1, lrpm) end
-  if ltpm > 0 and est > 0 then ltok = charge(waits, ltok, now, est, ltpm) end
-  if #waits > 0 then
-    reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits))
+  local lrpm, ltpm, lreq, ltok = 0, 0, nil, nil
+  if st[10] and now - tonumber(st[10]) <= LEARNED_TTL_S then
+    lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
+    lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
+    if lrpm > 0 then lreq = charge(waits_s, lreq, now, 1, lrpm) end
+    if ltpm > 0 and est > 0 then ltok = charge(waits_s, ltok, now, est, ltpm) end
+  end
+  if #waits_s > 0 then
+    reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits_s))
   end
 
   if #reasons > 0 then
+    if held_already() then return {1, name, fmt(now)} end
     denial[#denial + 1] = name
     denial[#denial + 1] = reasons[1]
     -- A permit handed to it that it cannot use (the source paused since, say) is freed
     -- (above): the others would be refused alike, and poll.
-    if not mine and waiter ~= '' and #reasons == 1 and reasons[1] == 'at_capacity' then
-      redis.call('ZADD', KEYS[6 * i - 1], 'NX', now, waiter)
-      redis.call('ZADD', KEYS[6 * i], now + waiter_claim, waiter)
+    if not mine and waits ~= '0' and #reasons == 1 and reasons[1] == 'at_capacity' then
+      local w = waiter()
+      redis.call('ZADD', KEYS[6 * i - 1], 'NX', now, w)
+      redis.call('ZADD', KEYS[6 * i], now + tonumber(ARGV[7]), w)
     end
     if #known == #reasons then
       local reopen = math.max(unpack(known))
       if soonest == nil or reopen < soonest then soonest = reopen end
     end
   else
-    if take_probe then redis.call('HSET', skey, 'mode', new_mode, 'probe', permit) end
-    redis.call('ZADD', pkey, now + lease, permit)
-    if lrpm > 0 then redis.call('HSET', skey, 'lreq', fmt(lreq)) end
-    if ltpm > 0 and est > 0 then redis.call('HSET', skey, 'ltok', fmt(ltok)) end
-    if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', fmt(req_tat), 'tok', fmt(tok_tat)) end
+    if unchecked then  -- (still unchecked: ZADD NX tells)
+      if redis.call('ZADD', pkey, 'NX', now + tonumber(ARGV[8]), permit) == 0 then
+        return {1, name, fmt(now)}  -- held already: its first grant
+      end
+    else
+      redis.call('ZADD', pkey, now + tonumber(ARGV[8]), permit)
+    end
+    local fields = {}
+    if take_probe then
+      fields[#fields + 1] = 'mode'; fields[#fields + 1] = new_mode
+      fields[#fields + 1] = 'probe'; fields[#fields + 1] = permit
+    end
+    if lrpm > 0 then fields[#fields + 1] = 'lreq'; fields[#fields + 1] = lreq end
+    if ltpm > 0 and est > 0 then fields[#fields + 1] = 'ltok'; fields[#fields + 1] = ltok end
+    if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
+    if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', req_tat, 'tok', tok_tat) end
     if rpm > 0 and window > 0 then
       redis.call('ZADD', lkey, now, permit)
       redis.call('PEXPIRE', lkey, math.ceil(window * 1000) + 1000)
     end
     local reply = {1, name, fmt(now)}
-    if waiter ~= '' then  -- out of every queue; a permit handed to it elsewhere moves on
+    if queued then  -- out of every queue; a permit handed to it elsewhere moves on
+      local w = waiter()
       for j = 1, n do
         local queue, alive = KEYS[6 * j - 1], KEYS[6 * j]
-        if redis.call('ZREM', queue, waiter) == 1 then redis.call('ZREM', alive, waiter) end
-        if j ~= i and redis.call('ZREM', KEYS[6 * j - 5], handed) == 1 then
-          hand_on(KEYS[6 * j - 5], queue, alive, now, channel, fields(ARGV[6 + j])[1],
-            own_origin, reply)
+        -- (the hand-over of the permit it holds took it out of that source's queue)
+        if not (j == i and mine) and redis.call('ZREM', queue, w) == 1 then
+          redis.call('ZREM', alive, w)
+        end
+        if j > i and handed_until[j] then
+          redis.call('ZREM', KEYS[6 * j - 5], handed)
+          hand_on(KEYS[6 * j - 5], queue, alive, now, ARGV[10], ARGV[T + 6 * j - 5],
+            ARGV[9], reply)
         end
       end
     end

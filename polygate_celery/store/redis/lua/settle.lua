@@ -3,7 +3,8 @@
 -- A permit no longer held (settled already, or reclaimed after its lease expired)
 -- returns 0 and keeps only the facts that are safe to record twice: the pause a
 -- 429 asked for and the progress a success made. The breaker, AIMD and token
--- accounting belong to the permit and are not touched again.
+-- accounting belong to the permit and are not touched again. Only what changes is
+-- written: a success on a healthy source at its cap writes nothing to the state.
 --
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
@@ -19,99 +20,104 @@
 -- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
 -- ARGV[6]  estimated tokens   ARGV[7]  used tokens (charged in place of the estimate)
 -- ARGV[8]  admitted_at
--- ARGV[9]  the source's terms, space-separated: breaker threshold, cooldown_s,
---          auth_cooldown_s; cap, AIMD increase, AIMD decrease factor, AIMD initial
---          (0: the cap); tpm (0: none); progress TTL seconds
--- ARGV[10] the wake-up channel of origin X is this text followed by X
--- ARGV[11] the settling process's origin, and the source's name: "<origin> <name>"
--- ARGV[12] the provider's announced limits, "rpm remaining tpm remaining" (a limit of
---          0: not announced): they move the learned quota as core.quota.learned_tat
+-- ARGV[9..12]  the provider's announced limits: rpm, remaining, tpm, remaining (a limit
+--          of 0: not announced): they move the learned quota as core.quota.learned_tat
 --          does, after the held permit's token estimate is settled (when the learned
 --          bucket charged it at admission); a quota not announced for LEARNED_TTL_S
 --          starts over
+-- ARGV[13] the settling process's origin     ARGV[14] the source's name
+-- ARGV[15] the wake-up channel of origin X is this text followed by X
+-- ARGV[16..24]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
+--          AIMD increase, AIMD decrease factor, AIMD initial (0: the cap); tpm (0: none);
+--          progress TTL seconds
 -- Returns  0 if the permit was not held; else it is released and, when the source can
 --          run another call, handed to the first live waiter of the source's queue
 --          (fleet-wide FIFO): 1 (no waiter, or one of another process, told by a message
 --          on its channel), or the waiter's call id when it belongs to the settling
 --          process (which wakes it without a message).
--- Time: Redis TIME unless ARGV[1] is given.
+-- Time: Redis TIME unless ARGV[1] is given. Numbers handed to redis.call are written
+-- as %.17g.
 
-local function store_now(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-
-local function fmt(x) return string.format('%.17g', x) end
 local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
-
-local function fields(s)
-  local out = {}
-  for word in string.gmatch(s, '%S+') do out[#out + 1] = tonumber(word) end
-  return out
-end
 
 local permit = ARGV[2]
 local held = redis.call('ZREM', KEYS[1], permit) == 1
-local now = store_now(ARGV[1])
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted_at = tonumber(ARGV[8])
-local t = fields(ARGV[9])
-local threshold, cooldown, auth_cooldown = t[1], t[2], t[3]
-local cap, inc, factor, initial, tpm, ttl = t[4], t[5], t[6], t[7], t[8], t[9]
-if initial <= 0 then initial = cap end
-initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
+local cap, tpm = tonumber(ARGV[19]), tonumber(ARGV[23])
 
 local skey = KEYS[2]
-local a = redis.call('HMGET', skey, 'paused_until', 'ltpm', 'ltok', 'ltsince', 'lseen',
-  'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease')
+local a = redis.call('HMGET', skey, 'paused_until', 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince',
+  'lseen', 'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease')
+local set, forget = {}, nil  -- the state's fields to write, and to delete
+local function put(field, value) set[#set + 1] = field; set[#set + 1] = value end
+
 local paused_until = tonumber(a[1] or '-1e300')
 local pause = tonumber(ARGV[5])
 if pause and pause > 0 then
   paused_until = math.max(paused_until, now + pause)
-  redis.call('HSET', skey, 'paused_until', fmt(paused_until))
+  put('paused_until', paused_until)
 end
 -- learned quota (mirrors polygate_celery.store.memory._Learned)
-local l = {a[2], a[3], a[4], a[5]}
-if l[4] and now - tonumber(l[4]) > LEARNED_TTL_S then  -- none learned: nothing to forget
-  redis.call('HDEL', skey, 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince', 'lseen')
-  l = {false, false, false, false}
+local lreq, ltpm, ltok, ltsince = a[3], tonumber(a[4] or '0'), a[5], a[6]
+if a[7] and now - tonumber(a[7]) > LEARNED_TTL_S then  -- none learned: nothing to forget
+  forget = {'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince', 'lseen'}
+  lreq, ltpm, ltok, ltsince = false, 0, false, false
 end
-local ltpm = tonumber(l[1] or '0')
-if held and ltpm > 0 and est > 0 and admitted_at > tonumber(l[3] or '1e300') then
+ltok = tonumber(ltok or '-1e300')
+if held and ltpm > 0 and est > 0 and admitted_at > tonumber(ltsince or '1e300') then
   local delta = math.min(math.max(used, 0), ltpm) - math.min(math.max(est, 0), ltpm)
-  local ltok = tonumber(l[2] or '-1e300') + delta * 60.0 / ltpm
-  redis.call('HSET', skey, 'ltok', fmt(ltok))
-end
-local announced = fields(ARGV[12])
-for i, dim in ipairs({{'lrpm', 'lreq'}, {'ltpm', 'ltok'}}) do
-  local limit, remaining = announced[2 * i - 1], announced[2 * i]
-  if limit > 0 then
-    local tat = tonumber(redis.call('HGET', skey, dim[2]) or '-1e300')
-    local spent = limit - math.min(math.max(remaining, 0), limit)
-    redis.call('HSET', skey, dim[1], fmt(limit),
-      dim[2], fmt(math.max(tat, now + spent * 60.0 / limit)), 'lseen', fmt(now))
-    if i == 2 and ltpm <= 0 then redis.call('HSET', skey, 'ltsince', fmt(now)) end
+  if delta ~= 0 then
+    ltok = ltok + delta * 60.0 / ltpm
+    put('ltok', ltok)
   end
 end
+local arpm, atpm = tonumber(ARGV[9]), tonumber(ARGV[11])
+if arpm > 0 then
+  local spent = arpm - math.min(math.max(tonumber(ARGV[10]), 0), arpm)
+  put('lrpm', arpm)
+  put('lreq', math.max(tonumber(lreq or '-1e300'), now + spent * 60.0 / arpm))
+  put('lseen', now)
+end
+if atpm > 0 then
+  local spent = atpm - math.min(math.max(tonumber(ARGV[12]), 0), atpm)
+  put('ltpm', atpm)
+  put('ltok', math.max(ltok, now + spent * 60.0 / atpm))
+  if arpm <= 0 then put('lseen', now) end
+  if ltpm <= 0 then put('ltsince', now) end
+end
+if forget ~= nil then redis.call('HDEL', skey, unpack(forget)) end  -- before any HSET
 if effect == 'success' then
-  redis.call('SET', KEYS[4], fmt(now), 'EX', math.ceil(ttl))
+  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[24])))
   redis.call('DEL', KEYS[5])
 end
-if not held then return 0 end
+if not held then
+  if #set > 0 then redis.call('HSET', skey, unpack(set)) end
+  return 0
+end
 
-local st = {a[6], a[7], a[8], a[9], a[10], a[11]}
-local mode, failures = st[1] or 'closed', tonumber(st[2] or '0')
-local open_until, probe = tonumber(st[3] or '0'), st[4]
-local limit, last_decrease = tonumber(st[5] or initial), tonumber(st[6] or '-1e300')
+local threshold, cooldown = tonumber(ARGV[16]), tonumber(ARGV[17])
+local initial = tonumber(ARGV[22])
+if initial <= 0 then initial = cap end
+initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
+local mode, failures = a[8] or 'closed', tonumber(a[9] or '0')
+local open_until, probe = tonumber(a[10] or '0'), a[11]
+local limit, last_decrease = tonumber(a[12] or initial), tonumber(a[13] or '-1e300')
 local is_probe = probe == permit
 
 -- breaker (mirrors polygate_celery.core.breaker.breaker_settle)
 if effect == 'success' then
   mode, failures, open_until, probe = 'closed', 0, 0, false
 elseif effect == 'auth_failure' then
-  mode, open_until, probe = 'open', math.max(open_until, now + auth_cooldown), false
+  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[18])), false
 elseif effect == 'failure' then
   if is_probe then
     mode, open_until, probe = 'open', now + cooldown, false
@@ -125,32 +131,43 @@ end
 
 -- AIMD (mirrors polygate_celery.core.aimd): one decrease per congestion episode
 if effect == 'success' then
-  limit = math.min(cap, limit + inc)
+  limit = math.min(cap, limit + tonumber(ARGV[20]))
 elseif congested and admitted_at > last_decrease then
-  limit, last_decrease = math.max(1, limit * factor), now
+  limit, last_decrease = math.max(1, limit * tonumber(ARGV[21])), now
 end
 
-redis.call('HSET', skey, 'mode', mode, 'failures', failures, 'open_until', fmt(open_until),
-  'limit', fmt(limit), 'last_decrease', fmt(last_decrease))
+-- written where the stored value differs (a field not stored yet is written)
+if a[8] ~= mode then put('mode', mode) end
+if not a[9] or tonumber(a[9]) ~= failures then put('failures', failures) end
+if not a[10] or tonumber(a[10]) ~= open_until then put('open_until', open_until) end
+if not a[12] or tonumber(a[12]) ~= limit then put('limit', limit) end
+if not a[13] or tonumber(a[13]) ~= last_decrease then put('last_decrease', last_decrease) end
 if probe then
-  redis.call('HSET', skey, 'probe', probe)
-elseif st[4] then
+  if probe ~= a[11] then put('probe', probe) end
+elseif a[11] then
   redis.call('HDEL', skey, 'probe')
 end
+if #set > 0 then redis.call('HSET', skey, unpack(set)) end
 
 if tpm > 0 and est > 0 then
-  local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')
   local delta = math.min(math.max(used, 0), tpm) - math.min(math.max(est, 0), tpm)
-  redis.call('HSET', KEYS[3], 'tok', fmt(tok + delta * 60.0 / tpm))
+  if delta ~= 0 then
+    local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')
+    redis.call('HSET', KEYS[3], 'tok', tok + delta * 60.0 / tpm)
+  end
 end
 
 -- hand the freed permit to the first live waiter, if the source can run a call now
 local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
 if not head then return 1 end  -- nobody waits: nothing more to do
 if mode == 'open' or probe or paused_until > now then return 1 end  -- waiters poll
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
-if redis.call('ZCARD', KEYS[1]) >= math.max(1, math.min(cap, math.floor(limit))) then return 1 end
-local origin, name = string.match(ARGV[11], '^(%S+) (%S+)$')
+local in_use = redis.call('ZCARD', KEYS[1])
+local permits = math.max(1, math.min(cap, math.floor(limit)))
+if in_use >= permits then  -- full: reclaim the leases expired by now, count again
+  in_use = in_use - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+end
+if in_use >= permits then return 1 end
+local origin, name = ARGV[13], ARGV[14]
 while head do
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
   redis.call('ZREM', KEYS[6], head)
@@ -159,7 +176,7 @@ while head do
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return call end
-    redis.call('PUBLISH', ARGV[10] .. waiter_origin, call .. ' ' .. name)
+    redis.call('PUBLISH', ARGV[15] .. waiter_origin, call .. ' ' .. name)
     return 1
   end
   head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
