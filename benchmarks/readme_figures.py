@@ -157,6 +157,23 @@ def goodput_rows() -> str:
     return "\n".join(lines)
 
 
+def wakeups() -> str:
+    """Refused admissions and cost per acquisition as the fleet grows, before and after."""
+    text = (RESULTS / "fleet_wakeups.md").read_text(encoding="utf-8")
+    before = table_rows(text, "### before")
+    after = table_rows(text, "### after")
+    most = list(after)[-1]  # the most processes
+    b_row, a_row = before[most], after[most]
+    return (
+        f"| permit waiters across {most.replace(' x ', ' processes x ')} callers, cap 4 "
+        f"| {a_row[1]} refused admissions per acquisition ({b_row[1]} before fleet-wide "
+        f"hand-over), {a_row[2]} Redis commands and {a_row[3]} of Redis CPU per acquisition; "
+        f"slowest wait {a_row[5].split(' / ')[-1]} against a first-come-first-served "
+        f"{a_row[6]} | `python benchmarks/fleet_wakeups.py` → "
+        "`benchmarks/results/fleet_wakeups.md` |"
+    )
+
+
 STATIC = """\
 | 1,000 tasks through an outage longer than the stall window | all SUCCESS, executions = \
 deferrals + 1 | `tests/celery/test_outage_run.py` |
@@ -176,7 +193,7 @@ def measured() -> str:
     """The Measured table: every row from a committed results file or a named test."""
     header = "| what | figure | how |\n|---|---|---|"
     static = STATIC.replace("\\\n", "").replace("{TIMES}", TIMES)
-    return "\n".join([header, redis_store(), deferral(), goodput_rows(), static])
+    return "\n".join([header, redis_store(), wakeups(), deferral(), goodput_rows(), static])
 
 
 BLOCKS: dict[str, Callable[[], str]] = {"goodput": goodput, "measured": measured}
