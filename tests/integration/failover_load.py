@@ -126,7 +126,7 @@ def assert_failover(run: Failover) -> str:
     assert {verdict for _, _, verdict in blind} == {"backend_error"}, "granted without Redis"
     slowest = max(end - start for start, end, _ in blind)
     assert slowest <= SOCKET_TIMEOUT_S + 1.0, f"a call took {slowest:.2f} s to fail closed"
-    started = [t for t in witness.starts if run.down + 0.05 < t < run.down + BLIND_S]
+    started = [t for t, _, _ in witness.spans if run.down + 0.05 < t < run.down + BLIND_S]
     assert not started, f"{len(started)} requests reached the source while no master answered"
     assert witness.peak <= CAP, f"the witness saw {witness.peak} in flight, cap {CAP}"
     late = [v for start, _, v in load.calls if start >= run.promoted + LEASE_S + 1.0]
