@@ -25,7 +25,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import redis
 from celery import Celery, signals
 from celery.app.defaults import DEFAULTS
 
@@ -40,6 +39,7 @@ from polygate_celery.celery.registry import governed_tasks
 from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
+from polygate_celery.store.redis import eviction_policies
 from polygate_celery.telemetry import TelemetryHook
 
 logger = logging.getLogger("polygate_celery")
@@ -277,30 +277,27 @@ async def _drain_legacy_lot(app: Celery, runtime: Any) -> None:
 def check_eviction_policy(app: Celery) -> str | None:
     """Warn (and return the policy) when Redis could evict governance keys.
 
-    Uses a short-lived client of its own, so that a prefork parent makes no
-    runtime (no threads) before it forks its pool.
+    Asks every server that holds governance keys: the one of `redis_url`, Sentinel's
+    master, or each node of a Cluster (the first unsafe policy found is returned).
+    Uses a short-lived client of its own, so that a prefork parent makes no runtime
+    (no threads) before it forks its pool.
     """
     config = registered_config(app)
-    if config is None or config.store.redis_url is None:
+    if config is None or not config.store.shared:
         return None
     try:
-        client = redis.Redis.from_url(
-            config.store.redis_url.get_secret_value(),
-            socket_timeout=config.store.socket_timeout_s,
-            socket_connect_timeout=config.store.connect_timeout_s,
-        )
-        with client:
-            value = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        found = str(value) if value is not None else None
+        policies = eviction_policies(config.store)
     except Exception:
         return None  # CONFIG may be refused (managed Redis, ACLs): nothing to check
-    if found is not None and found not in SAFE_EVICTION:
+    unsafe = [p for p in policies if p not in SAFE_EVICTION]
+    if unsafe:
         logger.warning(
             "Redis maxmemory-policy is %r: it may evict governance keys (permits, breakers, "
             "parked tasks); use noeviction",
-            found,
+            unsafe[0],
         )
-    return found
+        return unsafe[0]
+    return policies[0] if policies else None
 
 
 _connected: set[int] = set()

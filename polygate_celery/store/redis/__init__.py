@@ -2,6 +2,7 @@
 
 from polygate_celery.store.redis.connect import (
     blocking_governance_client,
+    eviction_policies,
     governance_client,
     redis_client,
     sync_redis_client,
@@ -17,6 +18,7 @@ __all__ = [
     "LuaScript",
     "RedisStore",
     "blocking_governance_client",
+    "eviction_policies",
     "governance_client",
     "governance_groups",
     "lua_text",

@@ -246,3 +246,44 @@ def where(config: StoreConfig) -> str:
     if config.cluster_nodes is not None:
         return f"Redis Cluster {','.join(config.cluster_nodes)}"
     return "memory" if config.redis_url is None else "redis_url"
+
+
+def eviction_policies(config: StoreConfig) -> list[str]:
+    """The ``maxmemory-policy`` of every server holding governance keys: the one server,
+    Sentinel's master, or each node of a Cluster (replicas too: one may be promoted).
+
+    A short-lived blocking client of its own, closed on return. Raises what the server
+    raises when CONFIG is refused (managed services, ACLs).
+    """
+    client = blocking_governance_client(config)
+    try:
+        if not isinstance(client, sync_cluster.RedisCluster):
+            return _policies([client])
+        # every node CLUSTER NODES lists: the client's own table holds the primaries alone
+        node = client.get_default_node()  # type: ignore[no-untyped-call]
+        kwargs = client.get_redis_connection(node).connection_pool.connection_kwargs
+        options = {k: kwargs[k] for k in _NODE_KEYS if k in kwargs}
+        servers = []
+        for address, info in client.cluster_nodes().items():
+            if "fail" in str(info.get("flags", "")) or not info.get("connected", True):
+                continue  # a node known failed: promoted replicas are listed beside it
+            host, port = parse_address(address.split("@")[0])
+            servers.append(
+                sync.Redis(host=host, port=port, retry=SyncRetry(NoBackoff(), 0), **options)
+            )
+        try:
+            return _policies(servers)
+        finally:
+            for server in servers:
+                server.close()
+    finally:
+        client.close()
+
+
+def _policies(servers: list[sync.Redis]) -> list[str]:
+    found = []
+    for server in servers:
+        value = server.config_get("maxmemory-policy").get("maxmemory-policy")
+        if value is not None:
+            found.append(value.decode() if isinstance(value, bytes) else str(value))
+    return found

@@ -1,0 +1,77 @@
+"""The eviction check at worker start asks every server that holds governance keys.
+
+A Sentinel master or any Cluster node (a replica too: it may be promoted) set to a
+policy that may evict keys gets the same warning as one server named by `redis_url`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from polygate_celery import parse_config
+from polygate_celery.celery import check_eviction_policy, configure_worker
+from polygate_celery.celery.runtime import reset_runtime
+from tests.redis_topologies import SERVICE, RedisClusterGroup, SentinelGroup
+
+CONFIG = {
+    "sources": {"s": {"base_url": "http://127.0.0.1:1", "model": "m"}},
+    "scopes": {"x": {"kind": "embedding", "sources": ["s"]}},
+}
+
+
+def checked(store: dict[str, object], caplog: pytest.LogCaptureFixture) -> str | None:
+    app = Celery("eviction")
+    configure_worker(app, parse_config({**CONFIG, "store": store}))
+    try:
+        with caplog.at_level(logging.WARNING, logger="polygate_celery"):
+            return check_eviction_policy(app)
+    finally:
+        reset_runtime(app)
+
+
+@pytest.fixture(scope="module")
+def sentinel() -> Iterator[SentinelGroup]:
+    with SentinelGroup() as group:
+        yield group
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterGroup]:
+    with RedisClusterGroup() as cluster:
+        yield cluster
+
+
+def test_sentinels_master_is_asked(
+    sentinel: SentinelGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    store: dict[str, object] = {"sentinels": sentinel.sentinels, "service_name": SERVICE}
+    assert checked(store, caplog) == "noeviction"
+    assert "maxmemory-policy" not in caplog.text
+    with redis.Redis(port=sentinel.master()) as master:
+        master.config_set("maxmemory-policy", "volatile-lru")
+        try:
+            assert checked(store, caplog) == "volatile-lru"
+        finally:
+            master.config_set("maxmemory-policy", "noeviction")
+    assert "Redis maxmemory-policy is 'volatile-lru'" in caplog.text
+
+
+def test_every_cluster_node_is_asked(
+    cluster: RedisClusterGroup, caplog: pytest.LogCaptureFixture
+) -> None:
+    store: dict[str, object] = {"cluster_nodes": cluster.nodes[:1]}
+    assert checked(store, caplog) == "noeviction"
+    assert "maxmemory-policy" not in caplog.text
+    last = cluster.ports[-1]  # a node the configuration does not name
+    with redis.Redis(port=last) as node:
+        node.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            assert checked(store, caplog) == "allkeys-lru"
+        finally:
+            node.config_set("maxmemory-policy", "noeviction")
+    assert "Redis maxmemory-policy is 'allkeys-lru'" in caplog.text
