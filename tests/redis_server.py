@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import warnings
 
 from polygate_celery import embedded
 
@@ -47,6 +48,11 @@ class RedisServer(embedded.EmbeddedRedis):
         if self.process is not None and self.process.poll() is None:
             self.resume()  # a paused server cannot act on SIGTERM
             # Celery's result backend unsubscribes when an `AsyncResult` is collected: let
-            # that happen now, while this server answers, not in some later test.
-            gc.collect()
+            # that happen now, while this server answers, not in some later test. What this
+            # collects also closes the connections Celery's pools left open to this server
+            # over the session: their ResourceWarnings are no test's doing (the last test
+            # of the session would be blamed for them).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                gc.collect()
         super().stop()

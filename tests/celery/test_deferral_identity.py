@@ -44,7 +44,7 @@ from tests.celery.app import (
     witnessed,
 )
 from tests.celery.conftest import Worker, config_data
-from tests.celery.test_outcomes import pause, runs, wait_for_state
+from tests.celery.test_outcomes import DEFER_PAUSE_S, pause, runs, wait_for_state
 from tests.celery.test_worker_processes import running_pid, wait_until
 from tests.celery.workers import celery_worker
 from tests.redis_server import RedisServer
@@ -138,7 +138,7 @@ def test_sent_events_do_not_replace_the_parked_message(governed_worker: Worker) 
     app.conf.task_send_sent_event = True
     try:
         with governed_worker() as runtime:
-            pause(runtime, "main", 1.5)
+            pause(runtime, "main", DEFER_PAUSE_S)
             result = ask.delay("watched")
             assert wait_for_state(result, "DEFERRED")["strategy"] == "park"
             assert result.get(timeout=30) == "fine"
@@ -178,7 +178,7 @@ def test_two_submissions_with_one_task_id_get_their_own_answers(governed_worker:
         assert ask_kept.apply_async(("chat",), task_id=task_id).get(timeout=30) == "fine"
         # Celery's result backend keeps a SUCCESS: a client reusing an id forgets it first.
         ask_kept.AsyncResult(task_id).forget()
-        pause(runtime, "other", 1.5)  # the second submission defers before it pays
+        pause(runtime, "other", DEFER_PAUSE_S)  # the second submission defers before it pays
         second = ask_kept.apply_async(("second",), task_id=task_id)
         wait_for_state(second, "DEFERRED")
         assert second.get(timeout=30) == "second answer"  # its own, not the first's "fine"
@@ -321,7 +321,7 @@ def test_a_deferred_task_emits_a_deferral_event_then_succeeds_once(
             listener.start()
             assert ready.wait(10)
             time.sleep(0.5)  # subscribed to the event exchange
-            pause(runtime, "main", 1.5)
+            pause(runtime, "main", DEFER_PAUSE_S)
             result = ask.delay("monitored")
             assert result.get(timeout=30) == "fine"
             wait_until(lambda: _of(events, result.id, "task-succeeded"), within_s=10)
@@ -377,10 +377,10 @@ def test_a_released_message_the_broker_lost_is_released_again(governed_worker: W
     Redis restart cutting off kombu's BRPOP reply) is released again."""
     settings = {"release_interval_s": 60, "release_check_s": 0.5}
     with governed_worker(deferral=settings) as runtime:
-        pause(runtime, "main", 1.5)
+        pause(runtime, "main", DEFER_PAUSE_S)
         result = ask.delay("lost in delivery")
         wait_for_state(result, "DEFERRED")
-        time.sleep(2.5)  # due now
+        time.sleep(DEFER_PAUSE_S + 1.0)  # due now
         lot = lot_of(runtime)
         ((entry, _),) = runtime.run(lot.claim(10, 30.0, "a-releaser"))
         # Published, then lost by the broker: confirmed, but no run ever begins.

@@ -36,6 +36,11 @@ def wait_until(condition: Any, within_s: float = 10) -> None:
         time.sleep(0.02)
 
 
+DEFER_PAUSE_S = 5.0
+"""A pause that makes the next task defer: still on when a busy machine's worker gets the
+task (a 1.5 s pause was over first, beside two CPU-bound processes)."""
+
+
 def pause(runtime: Any, source: str, seconds: float) -> None:
     runtime.run(runtime.store.pause_source(source, seconds))
 
@@ -70,7 +75,7 @@ def test_a_stalled_scope_defers_the_task_which_then_succeeds(
 
 def test_fail_fast_defers(governed_worker: Worker) -> None:
     with governed_worker() as runtime:
-        pause(runtime, "main", 1.5)
+        pause(runtime, "main", DEFER_PAUSE_S)
         result = ask.delay("now or later", fail_fast=True)
         assert wait_for_state(result, DEFERRED)["reason"] == "fail_fast"
         assert result.get(timeout=30) == "fine"
@@ -78,7 +83,7 @@ def test_fail_fast_defers(governed_worker: Worker) -> None:
 
 def test_the_deadline_defers(governed_worker: Worker) -> None:
     with governed_worker(scope={"max_call_s": 0.5, "stall_window_s": 5}) as runtime:
-        pause(runtime, "main", 1.5)
+        pause(runtime, "main", DEFER_PAUSE_S)
         result = ask.delay("slowly")
         assert wait_for_state(result, DEFERRED)["reason"] == "deadline"
         assert result.get(timeout=30) == "fine"

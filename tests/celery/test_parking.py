@@ -11,7 +11,7 @@ from celery import signals
 from polygate_celery.celery import ParkingLot, Releaser, lot_name
 from tests.celery.app import app, ask
 from tests.celery.conftest import Worker
-from tests.celery.test_outcomes import pause, runs, wait_for_state
+from tests.celery.test_outcomes import DEFER_PAUSE_S, pause, runs, wait_for_state
 
 
 def lot_of(runtime: Any) -> ParkingLot:
@@ -22,10 +22,10 @@ def test_a_releaser_that_dies_mid_release_loses_nothing(
     governed_worker: Worker, broker: str
 ) -> None:
     with governed_worker(deferral={"release_interval_s": 60, "claim_lease_s": 1.0}) as runtime:
-        pause(runtime, "main", 1.5)
+        pause(runtime, "main", DEFER_PAUSE_S)
         result = ask.delay("parked")
         wait_for_state(result, "DEFERRED")
-        time.sleep(2.5)  # due now
+        time.sleep(DEFER_PAUSE_S + 1.0)  # due now
         lot = lot_of(runtime)
         claimed = runtime.run(lot.claim(10, 1.0, "a-releaser-that-dies"))
         ((entry, _),) = claimed
@@ -53,10 +53,10 @@ def test_a_message_released_twice_runs_once(governed_worker: Worker, broker: str
 
 def released_twice(governed_worker: Worker, broker: str, failures: list[str]) -> None:
     with governed_worker(deferral={"release_interval_s": 60}) as runtime:
-        pause(runtime, "main", 1.5)
+        pause(runtime, "main", DEFER_PAUSE_S)
         result = ask.delay("twice")
         wait_for_state(result, "DEFERRED")
-        time.sleep(2.5)
+        time.sleep(DEFER_PAUSE_S + 1.0)  # due now
         lot = lot_of(runtime)
         ((_, message),) = runtime.run(lot.claim(10, 30.0, "first"))
         from polygate_celery.celery.parking import publish_message  # noqa: PLC0415
@@ -82,7 +82,7 @@ def consumed(broker: str, queue: str, within_s: float = 30) -> None:
 
 def test_the_release_loop_keeps_up(governed_worker: Worker, broker: str) -> None:
     with governed_worker() as runtime:
-        pause(runtime, "main", 1.5)
+        pause(runtime, "main", DEFER_PAUSE_S)
         results = [ask.delay(f"n{i}") for i in range(40)]
         assert [r.get(timeout=60) for r in results] == ["fine"] * 40
         assert runtime.run(lot_of(runtime).size()) == 0

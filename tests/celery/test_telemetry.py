@@ -13,7 +13,7 @@ from polygate_celery.telemetry import AttemptEvent, DeferralEvent, VerdictEvent
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.app import app, ask, resets_then_estimates
 from tests.celery.conftest import Worker, config_data
-from tests.celery.test_outcomes import pause, wait_for_state
+from tests.celery.test_outcomes import DEFER_PAUSE_S, pause, wait_for_state
 from tests.celery.workers import celery_worker
 from tests.conftest import Recorder
 
@@ -35,7 +35,7 @@ def test_configure_worker_hands_its_hooks_to_every_runtime(
 
 def test_a_deferral_is_an_event(governed_worker: Worker, recorder: Recorder) -> None:
     with governed_worker(hooks=[recorder]) as runtime:
-        pause(runtime, "main", 1.5)
+        pause(runtime, "main", DEFER_PAUSE_S)
         result = ask.delay("now or later", fail_fast=True)
         wait_for_state(result, DEFERRED)
         assert result.get(timeout=30) == "fine"
