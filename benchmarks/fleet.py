@@ -12,8 +12,9 @@ window); the provider serves at most 8 at once and 600 a minute as a token bucke
 (as OpenAI's limits refill), answering in 0.2-0.4 s, and refuses with a 429
 anything beyond. Reported: every call's verdict; the provider's peak concurrency
 and its refusals (429 for capacity or rate: any means the fleet went over, and the
-run exits non-zero, as it does if a call does not succeed); the
-most requests in any 60 s window; refused admissions per acquisition; the whole
+run exits non-zero, as it does if a call does not succeed); the provider's bucket at
+its lowest (what was left of the store's arrival margin); the most requests in any
+60 s window; refused admissions per acquisition; the whole
 run's Redis commands, commands per second and Redis CPU.
 """
 
@@ -96,6 +97,16 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     return {**counts, "verdicts": dict(verdicts)}
 
 
+def bucket_low_water(arrivals: list[float], rpm: int, period_s: float = 60.0) -> float:
+    """The fewest requests the provider's token bucket had left after any arrival it
+    served (a full bucket holds `rpm`): how much of the store's margin the run used."""
+    interval, tat, lowest = period_s / rpm, float("-inf"), float(rpm)
+    for at in sorted(arrivals):
+        tat = max(tat, at) + interval
+        lowest = min(lowest, (period_s - (tat - at)) / interval)
+    return lowest
+
+
 def busiest_window(arrivals: list[float], window_s: float = 60.0) -> int:
     arrivals = sorted(arrivals)
     most, first = 0, 0
@@ -109,6 +120,7 @@ def busiest_window(arrivals: list[float], window_s: float = 60.0) -> int:
 async def run(url: str, processes: int, callers: int) -> str:
     import redis  # noqa: PLC0415
 
+    from polygate_celery.core.quota import ARRIVAL_MARGIN_S, PERIOD_S  # noqa: PLC0415
     from polygate_celery.testing.simulator import (  # noqa: PLC0415
         ModelBehaviour,
         SimulatedProvider,
@@ -162,7 +174,9 @@ async def run(url: str, processes: int, callers: int) -> str:
     commands = sum(int(v["calls"]) for k, v in stats.items() if k not in harness)
     redis_cpu = sum(float(cpu_after[k]) - float(cpu[k]) for k in ("used_cpu_sys", "used_cpu_user"))
     outcomes = Counter(e.outcome for e in journal)
+    margin = RPM * ARRIVAL_MARGIN_S / PERIOD_S
     served = [e for e in journal if e.outcome == "ok"]
+    low_water = bucket_low_water([e.at for e in served], RPM)
     lines = [
         "# Fleet scale: 1,000+ concurrent governed calls, one cap, one quota",
         "",
@@ -182,6 +196,8 @@ async def run(url: str, processes: int, callers: int) -> str:
         f"{sum(n for o, n in outcomes.items() if o.startswith('429'))} |",
         f"| most requests in any 60 s window | {busiest_window([e.at for e in journal])} "
         f"(rpm {RPM}) |",
+        f"| the provider's bucket at its lowest | {low_water:.1f} "
+        f"requests left after a request it served (the store keeps {margin:.0f} in hand) |",
         f"| requests served | {len(served)} in {elapsed:.1f} s |",
         f"| refused admissions per acquisition | {refused / max(granted, 1):.2f} "
         f"({refused} refused, {granted} granted) |",

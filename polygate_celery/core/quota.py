@@ -5,7 +5,12 @@ always): one "theoretical arrival time" (TAT) per dimension. A request of cost `
 the TAT by ``c * 60 / limit``; it conforms while the TAT stays within one period
 of now, so a full minute's allowance may be spent at once after an idle minute,
 then refills evenly. That matches a provider's token bucket; against a provider
-that counts in windows, the evenly refilled requests after a burst are refused.
+that counts in windows, the evenly refilled requests after a burst are refused. The
+provider counts a request when it arrives, up to `ARRIVAL_MARGIN_S` after its admission,
+so an admission is checked as if it arrived at once and charged as if it arrived that
+late: arrivals that trail their admissions unevenly, by up to the margin, still find the
+provider's bucket of the same size able to take them. A full bucket so admits ``limit *
+BURST_S / 60`` at once (59 of 60), then one per ``60 / limit`` seconds.
 Tokens are reserved from an estimate before the attempt and settled with the
 real usage after (a refund moves the TAT back). Real providers refill
 continuously (Anthropic documents a token bucket; OpenAI replenishes
@@ -29,10 +34,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 PERIOD_S = 60.0
-WINDOW_MARGIN_S = 0.5
-"""An admission leaves the sliding window this long after a period, not at once: the
-provider counts arrivals, which trail admissions by a varying few milliseconds."""
+ARRIVAL_MARGIN_S = 0.5
+"""How long after its admission a granted request may reach the provider, which counts
+arrivals: a sliding window keeps each admission this much longer than a period, a bucket
+keeps this much refill in hand (its burst is this much shorter than a period's)."""
+WINDOW_MARGIN_S = ARRIVAL_MARGIN_S
 WINDOW_S = PERIOD_S + WINDOW_MARGIN_S
+BURST_S = PERIOD_S - ARRIVAL_MARGIN_S
+"""What a full bucket admits at once, in seconds of its refill: a period less the margin."""
 
 
 def window_wait(admitted: Sequence[float], now: float, limit: int) -> float | None:
@@ -50,16 +59,15 @@ def window_wait(admitted: Sequence[float], now: float, limit: int) -> float | No
 def gcra_reserve(tat: float, now: float, cost: float, limit: int) -> tuple[float, float | None]:
     """Try to spend `cost` units. Returns ``(new_tat, None)`` or ``(tat, retry_in_s)``.
 
-    A cost above the limit is charged as the whole limit: such a request is
-    admitted once the quota is fully refilled instead of never.
+    It conforms if it would were it to arrive now, and is charged as arriving
+    `ARRIVAL_MARGIN_S` later. A cost above the limit is charged as the whole limit:
+    such a request is admitted once the quota is fully refilled instead of never.
     """
-    interval = PERIOD_S / limit
-    cost = min(max(cost, 0.0), float(limit))
-    new_tat = max(tat, now) + cost * interval
-    allowed_at = new_tat - PERIOD_S
-    if allowed_at > now:
-        return tat, allowed_at - now
-    return new_tat, None
+    charge = _charge_s(cost, limit)
+    over = max(tat - now, 0.0) + charge - PERIOD_S  # (exact for a full bucket: no rounding)
+    if over > 0:
+        return tat, over
+    return max(tat, now + ARRIVAL_MARGIN_S) + charge, None
 
 
 def gcra_charge(tat: float, now: float, limit: int) -> float:
@@ -81,8 +89,12 @@ def gcra_settle(tat: float, reserved: float, used: float, limit: int) -> float:
 
     Both are clamped to the limit, as `gcra_reserve` charged the reservation.
     """
-    cap = float(limit)
-    return gcra_adjust(tat, min(max(used, 0.0), cap) - min(max(reserved, 0.0), cap), limit)
+    return tat + _charge_s(used, limit) - _charge_s(reserved, limit)
+
+
+def _charge_s(cost: float, limit: int) -> float:
+    """What `cost` units move a TAT by, clamped to the limit as `gcra_reserve` does."""
+    return min(max(cost, 0.0), float(limit)) * PERIOD_S / limit
 
 
 LEARNED_TTL_S = 3600.0
@@ -105,10 +117,11 @@ def learned_tat(tat: float, now: float, limit: int, remaining: int) -> float:
 def gcra_spent(tat: float, now: float, limit: int) -> float:
     """Units of the period's allowance spent as of `now` (0 when the TAT is not ahead).
 
-    A TAT `t` seconds ahead of now means ``t / 60`` of the allowance is spent;
-    an underestimate settled after admission may take it past the limit.
+    A TAT `t` seconds ahead of now, less the margin each admission is charged ahead
+    (`gcra_reserve`), means ``t / 60`` of the allowance is spent; an underestimate
+    settled after admission may take it past the limit.
     """
-    return max(0.0, tat - now) * limit / PERIOD_S
+    return max(0.0, tat - now - ARRIVAL_MARGIN_S) * limit / PERIOD_S
 
 
 def requests_spent(
@@ -119,3 +132,24 @@ def requests_spent(
     if rpm is None:
         return None
     return float(in_window) if window == "sliding" else gcra_spent(tat, now, rpm)
+
+
+BOOKING_SLACK_S = 0.01
+"""A booking may be used this long before its slot: a caller's own clock may wake it a
+little before the store's says the slot has come (a small part of the arrival margin)."""
+
+
+def gcra_book(dims: Sequence[tuple[float, float, int]], now: float) -> tuple[float, list[float]]:
+    """Book `cost` units of each dimension ``(tat, cost, limit)`` for the soonest time all
+    of them admit it: returns that slot and the new TATs, charged as at the slot.
+
+    A caller the buckets refuse books its place instead of asking again and again: callers
+    that book are admitted in the order they booked, each at its slot, never two for one
+    refill. The units are charged as `gcra_reserve` would charge them at the slot, so a
+    booking counts exactly as an admission at its slot (one abandoned is simply not used).
+    """
+    slot = now
+    for tat, cost, limit in dims:
+        slot = max(slot, now + max(tat - now, 0.0) + _charge_s(cost, limit) - PERIOD_S)
+    late = slot + ARRIVAL_MARGIN_S
+    return slot, [max(tat, late) + _charge_s(cost, limit) for tat, cost, limit in dims]

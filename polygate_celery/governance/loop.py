@@ -224,6 +224,7 @@ class GovernedCall:
                         probe_lease_s=plan.max_call_s,
                         claim_s=0.0 if self.fail_fast else plan.claim_s,
                         queued=self.refused,
+                        book_within_s=self._booking_horizon_s(asked_at),
                     )
                 )
                 if isinstance(admission, Denial):
@@ -289,8 +290,18 @@ class GovernedCall:
         if self.fail_fast:
             raise self._exhausted("fail_fast")
         await self._raise_if_stalled()
-        delay = self.plan.poll_interval_s * jitter(self.rt.random())
+        if denial.booked_in_s is not None:  # a quota's slot is booked: ask again then
+            delay = denial.booked_in_s
+        else:
+            delay = self.plan.poll_interval_s * jitter(self.rt.random())
         await self._wait("no_runnable", delay, released, denial)
+
+    def _booking_horizon_s(self, now: float) -> float:
+        """How far ahead this call may book a quota's slot (`AdmitRequest.book_within_s`):
+        one stall window at most, never past its deadline; never when failing fast."""
+        if self.fail_fast:
+            return 0.0
+        return max(0.0, min(self.plan.stall_window_s, self.deadline - now))
 
     async def _raise_if_stalled(self) -> None:
         stalled_s = self.clock.stalled_s()

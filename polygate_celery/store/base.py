@@ -36,6 +36,14 @@ class AdmitRequest:
     caller asks again within that, or drops out of the queue). `queued` False says
     the caller is in no queue (it has not been refused since its last grant, or ever):
     the store need not look for it there, nor for a permit handed to it.
+
+    With `book_within_s` > 0 too, a caller refused by quota buckets alone (no sliding
+    window) books the soonest slot they can give it, if within that many seconds: the
+    quota is charged for it at once (`core.quota.gcra_book`) and, asking again from the
+    slot on (its claim long after), it is admitted there without a second charge. So
+    callers waiting for a quota are served in the order they booked, one per refill,
+    instead of all asking again at each refill. A booking is made at one source at a
+    time; one not used within its claim after the slot lapses (its units stay spent).
     """
 
     scope: str
@@ -47,6 +55,7 @@ class AdmitRequest:
     probe_lease_s: float = 0.0
     claim_s: float = 0.0
     queued: bool = True
+    book_within_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +81,15 @@ class Denial:
     `gated_for_s` is set when the scope's gate refused the call: it stays
     closed that much longer, unless a probe succeeds first; `gated_reset` says
     the gate was closed until rate limits reset (see `close_gate`).
+    `booked_in_s` is set when the caller holds a booking of a quota's slot (see
+    `AdmitRequest.book_within_s`): it may ask again that much later and be admitted.
     """
 
     reopen_in_s: float | None
     blocked: tuple[tuple[str, BlockReason], ...]
     gated_for_s: float | None = None
     gated_reset: bool = False
+    booked_in_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,10 @@ from polygate_celery.core.breaker import (
 )
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import (
+    BOOKING_SLACK_S,
     LEARNED_TTL_S,
     WINDOW_S,
+    gcra_book,
     gcra_charge,
     gcra_reserve,
     gcra_settle,
@@ -118,6 +120,16 @@ class _SourceState:
     # and permits a release handed to one of them: call id -> end of its claim.
     queue: dict[str, tuple[float, float]] = field(default_factory=dict)
     handed: dict[str, float] = field(default_factory=dict)
+    # Quota slots booked by waiting calls: call id -> [slot, end of its claim].
+    booked: dict[str, list[float]] = field(default_factory=dict)
+
+    def booking(self, call_id: str, now: float) -> list[float] | None:
+        """The call's booking here, unless it lapsed (then it is dropped)."""
+        booking = self.booked.get(call_id)
+        if booking is not None and booking[1] <= now:
+            del self.booked[call_id]
+            return None
+        return booking
 
     def in_use(self, now: float) -> int:
         """Permits held, and handed to waiters whose claim has not ended."""
@@ -154,6 +166,26 @@ class _QuotaState:
         while self.admitted and self.admitted[0] <= now - WINDOW_S:
             self.admitted.popleft()
         return self.admitted
+
+
+@dataclass(frozen=True, slots=True)
+class _Dim:
+    """One quota bucket a booking charges: its TAT, the cost, the limit, where it is kept."""
+
+    tat: float
+    cost: float
+    limit: int
+    holder: object
+    attribute: str
+
+    def charge(self, tat: float) -> None:
+        setattr(self.holder, self.attribute, tat)
+
+
+def _bookable(terms: SourceTerms) -> bool:
+    """Whether a refusal at `terms` for quota may be booked: buckets only (a sliding
+    window's callers ask again when the window moves)."""
+    return terms.quota is None or terms.quota.rpm is None or terms.quota.rpm_window != "sliding"
 
 
 class MemoryStore:
@@ -220,33 +252,19 @@ class MemoryStore:
         if request.gate and (refusal := self._gated(request, now)) is not None:
             return refusal
         waiter = request.call_id if request.claim_s > 0 and request.call_id else None
+        bookable: list[tuple[SourceTerms, _SourceState]] = []
+        booked: list[list[float]] = []  # the bookings this call holds
         for terms in request.candidates:
             state = self._source(terms)
             state.in_use(now)  # ends lapsed claims
             mine = waiter is not None and state.handed.pop(waiter, None) is not None
+            booking = state.booking(waiter, now) if waiter is not None else None
+            if booking is not None:
+                booked.append(booking)
             reasons: list[BlockReason] = []
             known: list[float] = []
-            if state.paused_until > now:
-                reasons.append("paused")
-                known.append(state.paused_until - now)
-            breaker = breaker_admit(state.breaker, now, request.permit_id)
-            if breaker is None:
-                opens = breaker_reopens_at(state.breaker, now)
-                reasons.append("breaker_open" if opens is not None else "probe_in_flight")
-                if opens is not None:
-                    known.append(opens - now)
-            if state.in_use(now) >= self._limit(state, terms):
-                reasons.append("at_capacity")
-            quota = None
-            if terms.quota is not None:
-                quota = self._quota_check(terms.quota, now, request.est_tokens)
-                if isinstance(quota, float):
-                    reasons.append("quota")
-                    known.append(quota)
-            learned = state.learned.check(now, request.est_tokens)
-            if isinstance(learned, float):
-                reasons.append("quota")
-                known.append(learned)
+            breaker = self._source_reasons(terms, state, request.permit_id, reasons, known)
+            quota, learned = self._quota_reasons(terms, state, booking, request, reasons, known)
             if reasons:
                 blocked.append((terms.name, reasons[0]))
                 if known and len(known) == len(reasons):
@@ -254,19 +272,131 @@ class MemoryStore:
                 if waiter is not None and not mine and reasons == ["at_capacity"]:
                     # joins the queue (or keeps its place) and renews its claim
                     state.queue[waiter] = (now + request.claim_s, request.claim_s)
+                if booking is not None:  # kept while the call waits on
+                    booking[1] = max(booking[1], now + request.claim_s)
+                elif set(reasons) == {"quota"} and _bookable(terms):
+                    bookable.append((terms, state))
                 continue
             assert breaker is not None
-            assert isinstance(learned, dict)
             state.breaker = breaker
-            self._charge(terms, state, request.permit_id, learned, quota, now)
+            if booking is not None:  # paid when booked
+                state.permits.add(request.permit_id)
+            else:
+                assert isinstance(learned, dict)
+                self._charge(terms, state, request.permit_id, learned, quota, now)
             if waiter is not None:  # out of every queue; a permit handed to it elsewhere moves on
                 for other in request.candidates:
                     other_state = self._source(other)
                     other_state.queue.pop(waiter, None)
+                    other_state.booked.pop(waiter, None)  # (one elsewhere lapses unused)
                     if other_state.handed.pop(waiter, None) is not None:
                         self._hand_on(other.name, other_state, now)
             return Grant(terms.name, request.permit_id, now)
-        return Denial(reopen_in_s=min(reopen) if reopen else None, blocked=tuple(blocked))
+        ahead = [b[0] - now for b in booked if b[0] > now + BOOKING_SLACK_S]
+        booked_in_s = min(ahead) if ahead else None
+        if waiter is not None and bookable and not booked and request.book_within_s > 0:
+            booked_in_s = self._book(bookable, waiter, request, now)
+            if booked_in_s is not None:
+                reopen.append(booked_in_s)
+        return Denial(
+            reopen_in_s=min(reopen) if reopen else None,
+            blocked=tuple(blocked),
+            booked_in_s=booked_in_s,
+        )
+
+    def _source_reasons(
+        self,
+        terms: SourceTerms,
+        state: _SourceState,
+        permit_id: str,
+        reasons: list[BlockReason],
+        known: list[float],
+    ) -> BreakerState | None:
+        """The pause's, the breaker's and the cap's say (as `_quota_reasons`): the breaker's
+        state if it admits."""
+        now = self._clock.now()
+        if state.paused_until > now:
+            reasons.append("paused")
+            known.append(state.paused_until - now)
+        breaker = breaker_admit(state.breaker, now, permit_id)
+        if breaker is None:
+            opens = breaker_reopens_at(state.breaker, now)
+            reasons.append("breaker_open" if opens is not None else "probe_in_flight")
+            if opens is not None:
+                known.append(opens - now)
+        if state.in_use(now) >= self._limit(state, terms):
+            reasons.append("at_capacity")
+        return breaker
+
+    def _quota_reasons(
+        self,
+        terms: SourceTerms,
+        state: _SourceState,
+        booking: list[float] | None,
+        request: AdmitRequest,
+        reasons: list[BlockReason],
+        known: list[float],
+    ) -> tuple[tuple[float, float] | float | None, dict[str, float] | float]:
+        """The declared and learned quotas' say (a refusal goes into `reasons` and `known`):
+        what admitting would charge them, or nothing for a call whose slot is booked."""
+        now = self._clock.now()
+        if booking is not None:  # its quota is paid: it may run from its slot on
+            if now + BOOKING_SLACK_S < booking[0]:
+                reasons.append("quota")
+                known.append(booking[0] - now)
+            return None, {}
+        quota = None
+        if terms.quota is not None:
+            quota = self._quota_check(terms.quota, now, request.est_tokens)
+            if isinstance(quota, float):
+                reasons.append("quota")
+                known.append(quota)
+        learned = state.learned.check(now, request.est_tokens)
+        if isinstance(learned, float):
+            reasons.append("quota")
+            known.append(learned)
+        return quota, learned
+
+    def _book(
+        self,
+        bookable: list[tuple[SourceTerms, _SourceState]],
+        call_id: str,
+        request: AdmitRequest,
+        now: float,
+    ) -> float | None:
+        """Book the soonest slot the quotas of one candidate give, if soon enough."""
+        best: tuple[float, list[float], list[_Dim], _SourceState] | None = None
+        for terms, state in bookable:
+            dims = self._dims(terms, state, request.est_tokens, now)
+            slot, tats = gcra_book([(d.tat, d.cost, d.limit) for d in dims], now)
+            if best is None or slot < best[0]:
+                best = (slot, tats, dims, state)
+        assert best is not None
+        slot, tats, dims, state = best
+        if slot - now > request.book_within_s:
+            return None
+        for dim, tat in zip(dims, tats, strict=True):
+            dim.charge(tat)
+        state.booked[call_id] = [slot, slot + request.claim_s]
+        return slot - now
+
+    def _dims(
+        self, terms: SourceTerms, state: _SourceState, est_tokens: int, now: float
+    ) -> list[_Dim]:
+        """The quota buckets an admission at `terms` is charged to."""
+        dims: list[_Dim] = []
+        quota = terms.quota
+        if quota is not None:
+            qs = self._quotas.setdefault(quota.name, _QuotaState())
+            if quota.rpm is not None:
+                dims.append(_Dim(qs.request_tat, 1, quota.rpm, qs, "request_tat"))
+            if quota.tpm is not None and est_tokens > 0:
+                dims.append(_Dim(qs.token_tat, est_tokens, quota.tpm, qs, "token_tat"))
+        for dimension, bucket in state.learned.live(now).items():
+            cost = 1 if dimension == "req" else est_tokens
+            if cost > 0:
+                dims.append(_Dim(bucket.tat, cost, bucket.limit, bucket, "tat"))
+        return dims
 
     def _charge(
         self,

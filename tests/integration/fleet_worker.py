@@ -99,7 +99,11 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
     config = parse_config(
         {
             "sources": {
-                name: {"max_concurrency": spec["cap"], "timeout_s": spec.get("timeout_s", 30)}
+                name: {
+                    "max_concurrency": spec["cap"],
+                    "timeout_s": spec.get("timeout_s", 30),
+                    **({"rpm": spec["rpm"]} if spec.get("rpm") else {}),
+                }
                 for name in spec.get("sources", ["w"])
             },
             "scopes": {

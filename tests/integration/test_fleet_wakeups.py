@@ -160,3 +160,50 @@ async def test_a_killed_waiter_delays_the_next_grant_by_its_claim_at_most(
         figures(f"a SIGKILLed waiter: the next waiter's grant {waited:.1f} s after the release")
     finally:
         await client.aclose()
+
+
+async def test_callers_waiting_for_a_quota_are_served_in_the_order_they_booked(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """Callers of different processes refused by an rpm bucket book their slots: each is
+    served at its own, in the order they asked, after one refusal each (no asking again
+    at every refill)."""
+    order_key = f"{fleet_prefix}:order"
+    alive = KeySpace(fleet_prefix).alive("w")
+    client = redis_client(redis_url, socket_timeout_s=30)
+    quota = {
+        "redis_url": redis_url,
+        "prefix": fleet_prefix,
+        "cap": 4,
+        "lease_s": 30,
+        "rpm": 20,  # a bucket: 20 at once (the 20th after the arrival margin), one per 3 s
+        "poll_interval_s": POLL_S,
+    }
+    try:
+        spender = await spawn_worker({**quota, "mode": "status", "calls": 20})  # the burst
+        assert (await result_of(spender, 120))["outcomes"] == {"success": 20}
+        names = [f"w{i}" for i in range(4)]
+        waiters = []
+        for i, name in enumerate(names):  # each books before the next starts
+            spec = {**quota, "mode": "ordered", "name": name, "order_key": order_key}
+            waiters.append(await spawn_worker(spec))
+            await _booked(client, alive, order_key, i + 1)
+        results = [await result_of(p, 120) for p in waiters]
+        assert all(r["outcomes"] == {"success": 1} for r in results)
+        assert await client.lrange(order_key, 0, -1) == names
+        # one refusal each at most: the ask that booked (none for one whose slot had come)
+        assert all(r["admits"] - r["granted"] <= 1 for r in results), results
+    finally:
+        await client.aclose()
+
+
+async def _booked(client: Any, alive: str, order_key: str, n: int, deadline_s: float = 60) -> None:
+    """Wait until `n` callers hold a booking of the source's quota or were served."""
+    end = time.monotonic() + deadline_s
+    while True:
+        members = await client.zrange(alive, 0, -1)
+        booked = sum(m.startswith("@") for m in members)
+        if booked + await client.llen(order_key) >= n:
+            return
+        assert time.monotonic() < end, f"fewer than {n} bookings"
+        await asyncio.sleep(0.02)

@@ -27,6 +27,7 @@ from hypothesis.stateful import (
 
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import RateLimits
+from polygate_celery.core.quota import ARRIVAL_MARGIN_S
 from polygate_celery.core.terms import BreakerTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.store.redis import RedisStore
@@ -66,10 +67,11 @@ class Model:
         if self.mode != "closed" and not takes_probe:
             return False
         if self.learned_rpm is not None:  # one request of a bucket of learned_rpm a minute
-            tat = max(self.learned_tat, self.now) + 60.0 / self.learned_rpm
-            if tat - 60.0 > self.now:
+            # checked as arriving now, charged as arriving ARRIVAL_MARGIN_S later
+            interval = 60.0 / self.learned_rpm
+            if max(self.learned_tat, self.now) + interval - 60.0 > self.now:
                 return False
-            self.learned_tat = tat
+            self.learned_tat = max(self.learned_tat, self.now + ARRIVAL_MARGIN_S) + interval
         self.held.add(permit)
         if takes_probe:
             self.mode, self.probe = "half_open", permit

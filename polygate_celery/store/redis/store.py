@@ -209,6 +209,7 @@ class RedisStore:
             waits,
             _fmt(request.probe_lease_s).encode() if request.gate else b"",
             _fmt(request.claim_s).encode(),
+            _fmt(request.book_within_s).encode() if request.book_within_s > 0 else b"",
         )
         reply = await self._send("admit", self._admit_command(request), args)
         try:
@@ -221,10 +222,16 @@ class RedisStore:
                 return Denial(gated, (), gated_for_s=gated, gated_reset=str(reply[2]) == "1")
             if waits != b"0":
                 self._listen_for_releases()  # someone here is about to wait
+            booked = int(reply[0]) == 3  # then the slot it booked comes next
+            named = reply[3:] if booked else reply[2:]
             reasons: list[tuple[str, BlockReason]] = [
-                (str(name), reason) for name, reason in zip(reply[2::2], reply[3::2], strict=True)
+                (str(name), reason) for name, reason in zip(named[::2], named[1::2], strict=True)
             ]
-            return Denial(float(reply[1]) if reply[1] else None, tuple(reasons))
+            return Denial(
+                float(reply[1]) if reply[1] else None,
+                tuple(reasons),
+                booked_in_s=float(reply[2]) if booked else None,
+            )
         except _REPLY_ERRORS as exc:
             raise GovernanceBackendError(f"admit: unexpected reply {reply!r}") from exc
 

@@ -144,9 +144,9 @@ class Admission:
         """GCRA: a request conforms while its cost keeps the TAT within a minute of now."""
         waits = {}
         for name, cost, limit in self._buckets(tokens):
-            allowed_at = max(self._tat[name], now) + cost * WINDOW_S / limit - WINDOW_S
-            if allowed_at > now:
-                waits[name] = allowed_at - now
+            over = max(self._tat[name] - now, 0.0) + cost * WINDOW_S / limit - WINDOW_S
+            if over > 0:  # (exact for a full bucket: no rounding)
+                waits[name] = over
         if not waits:
             return None
         outcome = "429-rpm" if "requests" in waits else "429-tpm"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from polygate_celery.core.quota import (
+    ARRIVAL_MARGIN_S,
     PERIOD_S,
     WINDOW_MARGIN_S,
     WINDOW_S,
@@ -55,43 +56,48 @@ def test_charges_make_a_bucket_refuse_what_a_window_admitted() -> None:
     tat = 0.0
     for _ in range(60):
         tat = gcra_charge(tat, 100.0, 60)
+    # The window admitted the whole minute (keeping its own margin): the bucket's next
+    # waits one interval.
     _, wait = gcra_reserve(tat, 100.0, 1.0, 60)
     assert wait == pytest.approx(1.0)
 
 
 def test_settle_refunds_an_overestimate() -> None:
-    tat, _ = gcra_reserve(0.0, 100.0, 800.0, limit=1000)
-    assert gcra_settle(tat, 800.0, 200.0, 1000) == pytest.approx(100.0 + 200 * 0.06)
+    tat, _ = gcra_reserve(0.0, 100.0, 800.0, limit=1000)  # charged as arriving late
+    assert gcra_settle(tat, 800.0, 200.0, 1000) == pytest.approx(100.5 + 200 * 0.06)
 
 
 def test_settle_charges_an_underestimate() -> None:
     tat, _ = gcra_reserve(0.0, 100.0, 100.0, limit=1000)
-    assert gcra_settle(tat, 100.0, 400.0, 1000) == pytest.approx(100.0 + 400 * 0.06)
+    assert gcra_settle(tat, 100.0, 400.0, 1000) == pytest.approx(100.5 + 400 * 0.06)
 
 
 def test_settle_with_zero_used_refunds_the_whole_reservation() -> None:
     tat, _ = gcra_reserve(0.0, 100.0, 300.0, limit=1000)
-    assert gcra_settle(tat, 300.0, 0.0, 1000) == pytest.approx(100.0)
+    assert gcra_settle(tat, 300.0, 0.0, 1000) == pytest.approx(100.0 + ARRIVAL_MARGIN_S)
 
 
 def test_settle_clamps_both_sides_to_the_limit_as_the_reservation_was() -> None:
-    tat, _ = gcra_reserve(0.0, 100.0, 5000.0, limit=1000)  # charged as 1000
-    assert tat == pytest.approx(160.0)
+    tat, _ = gcra_reserve(0.0, 100.0, 5000.0, limit=1000)  # charged as the limit
+    assert tat == pytest.approx(100.5 + PERIOD_S)
     # Used 3000 (also above the limit): nothing more to charge, nothing to refund.
-    assert gcra_settle(tat, 5000.0, 3000.0, 1000) == pytest.approx(160.0)
+    assert gcra_settle(tat, 5000.0, 3000.0, 1000) == pytest.approx(100.5 + PERIOD_S)
     # Used 500: refunds what was charged above 500, not 5000 - 500.
-    assert gcra_settle(tat, 5000.0, 500.0, 1000) == pytest.approx(130.0)
+    assert gcra_settle(tat, 5000.0, 500.0, 1000) == pytest.approx(130.5)
 
 
 def test_settle_reads_negative_amounts_as_zero() -> None:
     tat, _ = gcra_reserve(0.0, 100.0, 200.0, limit=1000)
-    assert gcra_settle(tat, 200.0, -50.0, 1000) == pytest.approx(100.0)
-    assert gcra_settle(tat, -50.0, 100.0, 1000) == pytest.approx(112.0 + 6.0)
+    assert gcra_settle(tat, 200.0, -50.0, 1000) == pytest.approx(100.5)
+    assert gcra_settle(tat, -50.0, 100.0, 1000) == pytest.approx(112.5 + 6.0)
 
 
 def test_spent_is_the_share_of_the_allowance_the_tat_is_ahead() -> None:
-    assert gcra_spent(130.0, 100.0, 60) == pytest.approx(30.0)
-    assert gcra_spent(160.0, 100.0, 1000) == pytest.approx(1000.0)
+    # less the margin each admission is charged ahead
+    assert gcra_spent(130.5, 100.0, 60) == pytest.approx(30.0)
+    assert gcra_spent(160.5, 100.0, 1000) == pytest.approx(1000.0)
+    tat, _ = gcra_reserve(0.0, 100.0, 1.0, limit=60)
+    assert gcra_spent(tat, 100.0, 60) == pytest.approx(1.0)
 
 
 def test_spent_is_zero_when_the_tat_is_not_ahead() -> None:
@@ -100,7 +106,7 @@ def test_spent_is_zero_when_the_tat_is_not_ahead() -> None:
 
 
 def test_spent_may_pass_the_limit_after_an_underestimate() -> None:
-    assert gcra_spent(100.0 + 2 * PERIOD_S, 100.0, 60) == pytest.approx(120.0)
+    assert gcra_spent(100.5 + 2 * PERIOD_S, 100.0, 60) == pytest.approx(120.0)
 
 
 def test_requests_spent_without_an_rpm_limit_is_unknown() -> None:
@@ -115,4 +121,4 @@ def test_requests_spent_of_a_sliding_window_counts_its_admissions() -> None:
 
 
 def test_requests_spent_of_a_bucket_is_its_spent_share() -> None:
-    assert requests_spent(60, "bucket", 7, 130.0, 100.0) == pytest.approx(30.0)
+    assert requests_spent(60, "bucket", 7, 130.5, 100.0) == pytest.approx(30.0)

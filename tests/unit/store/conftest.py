@@ -46,8 +46,10 @@ class Harness:
         est_tokens: int = 0,
         waiter: str = "",
         claim_s: float = 3.0,
+        book_within_s: float = 0.0,
     ) -> Grant | Denial:
-        """Admit; `waiter` (a call id) waits if refused: it queues, claiming `claim_s`."""
+        """Admit; `waiter` (a call id) waits if refused: it queues, claiming `claim_s`, and
+        books a quota's slot up to `book_within_s` ahead."""
         request = AdmitRequest(
             scope,
             candidates,
@@ -55,6 +57,7 @@ class Harness:
             est_tokens,
             call_id=waiter,
             claim_s=claim_s if waiter else 0.0,
+            book_within_s=book_within_s,
         )
         return await self.store.admit(request)
 

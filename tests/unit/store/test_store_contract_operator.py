@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from polygate_celery.core.breaker import Effect
-from polygate_celery.core.quota import WINDOW_S
+from polygate_celery.core.quota import ARRIVAL_MARGIN_S, WINDOW_S
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 from tests.unit.store.conftest import Harness
 
@@ -183,5 +183,6 @@ async def test_reading_quota_use_spends_nothing(h: Harness) -> None:
     await h.grant(source)
     for _ in range(5):
         await h.store.quota_snapshot(quota)
+    h.clock.advance(ARRIVAL_MARGIN_S)  # the second of a full bucket waits the margin
     await h.grant(source)
     await h.deny(source)

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.quota import ARRIVAL_MARGIN_S
 from polygate_celery.core.terms import BreakerTerms, QuotaTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Denial, Grant, Store
 from tests.unit.store.conftest import Harness
@@ -202,6 +203,7 @@ async def test_reopen_is_the_soonest_known_reopening(h: Harness) -> None:
 async def test_reopen_can_be_a_quota_refill_or_a_pause(h: Harness) -> None:
     limited = SourceTerms("limited", 5, quota=QuotaTerms("k", rpm=2, rpm_window="bucket"))
     await h.grant(limited)
+    h.clock.advance(ARRIVAL_MARGIN_S)  # the second of a full bucket waits the margin
     await h.grant(limited)  # the next request conforms in 30 s
     await h.store.pause_source("a", 45.0)
     assert (await h.deny(A, limited)).reopen_in_s == pytest.approx(30.0)

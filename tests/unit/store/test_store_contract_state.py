@@ -12,7 +12,7 @@ import math
 import pytest
 
 from polygate_celery.core.breaker import Effect
-from polygate_celery.core.quota import WINDOW_S
+from polygate_celery.core.quota import ARRIVAL_MARGIN_S, PERIOD_S, WINDOW_S
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 from tests.unit.store.conftest import Harness
 
@@ -212,18 +212,23 @@ async def test_workers_counting_rpm_as_a_bucket_see_the_sliding_windows_admissio
     bucket = SourceTerms("old", 10, quota=QuotaTerms("key", rpm=3, rpm_window="bucket"))
     for _ in range(3):
         await h.grant(sliding)
-    assert (await h.deny(bucket)).reopen_in_s == pytest.approx(20.0)  # as if it had admitted
+    # as if it had admitted the three (the window keeps its own margin): one refills in 20 s
+    assert (await h.deny(bucket)).reopen_in_s == pytest.approx(PERIOD_S / 3)
 
 
 async def test_rpm_as_a_bucket_denies_the_request_over_the_limit_until_it_refills(
     h: Harness,
 ) -> None:
     source = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=3, rpm_window="bucket"))
-    for _ in range(3):
+    for _ in range(2):
         await h.grant(source)
+    # the third of a full bucket waits the margin the bucket keeps in hand
+    assert (await h.deny(source)).reopen_in_s == pytest.approx(ARRIVAL_MARGIN_S)
+    h.clock.advance(ARRIVAL_MARGIN_S)
+    await h.grant(source)
     denial = await h.deny(source)
     assert denial.blocked == (("rpm", "quota"),)
-    assert denial.reopen_in_s == pytest.approx(20.0, abs=1.0)  # one request refills in 60/3 s
+    assert denial.reopen_in_s == pytest.approx(PERIOD_S / 3)  # one request refills in 60/3 s
     h.clock.advance(denial.reopen_in_s)
     await h.grant(source)
     await h.deny(source)
@@ -235,6 +240,7 @@ async def test_rpm_is_shared_by_sources_with_the_same_quota_name(h: Harness) -> 
     b = SourceTerms("b", 10, quota=shared)
     c = SourceTerms("c", 10, quota=QuotaTerms("another-key", rpm=2))
     await h.grant(a)
+    h.clock.advance(ARRIVAL_MARGIN_S)  # the second of a full bucket waits the margin
     await h.grant(b)
     assert (await h.deny(a, b)).blocked == (("a", "quota"), ("b", "quota"))
     assert (await h.grant(a, c)).source == "c"
@@ -245,6 +251,7 @@ async def test_a_denied_admission_spends_no_quota(h: Harness) -> None:
     first = await h.grant(source)
     assert (await h.deny(source)).blocked == (("narrow", "at_capacity"),)
     await h.settle(first, source)
+    h.clock.advance(ARRIVAL_MARGIN_S)  # the second of a full bucket waits the margin
     second = await h.grant(source)
     await h.settle(second, source)
     assert (await h.deny(source)).blocked == (("narrow", "quota"),)
@@ -257,7 +264,9 @@ async def test_tpm_reserves_the_estimate_at_admission(h: Harness) -> None:
     await h.grant(TOKENS, est_tokens=600)
     denial = await h.deny(TOKENS, est_tokens=600)
     assert denial.blocked == (("tokens", "quota"),)
-    assert denial.reopen_in_s == pytest.approx(12.0, abs=1.0)  # 200 tokens refill in 12 s
+    # 200 tokens over the minute refill in 12 s, and the margin in hand
+    assert denial.reopen_in_s == pytest.approx(12.0 + ARRIVAL_MARGIN_S)
+    h.clock.advance(ARRIVAL_MARGIN_S)  # the rest of a full bucket waits the margin
     await h.grant(TOKENS, est_tokens=400)
     await h.deny(TOKENS, est_tokens=1)
 
@@ -266,6 +275,7 @@ async def test_tpm_refunds_an_overestimate_at_settlement(h: Harness) -> None:
     grant = await h.grant(TOKENS, est_tokens=1000)
     await h.deny(TOKENS, est_tokens=500)
     await h.settle(grant, TOKENS, est_tokens=1000, used_tokens=400)  # 600 back
+    h.clock.advance(ARRIVAL_MARGIN_S)  # the rest of a full bucket waits the margin
     await h.grant(TOKENS, est_tokens=600)
     await h.deny(TOKENS, est_tokens=1)
 
@@ -273,6 +283,7 @@ async def test_tpm_refunds_an_overestimate_at_settlement(h: Harness) -> None:
 async def test_tpm_charges_an_underestimate_at_settlement(h: Harness) -> None:
     grant = await h.grant(TOKENS, est_tokens=100)
     await h.settle(grant, TOKENS, est_tokens=100, used_tokens=700)
+    h.clock.advance(ARRIVAL_MARGIN_S)  # the rest of a full bucket waits the margin
     await h.grant(TOKENS, est_tokens=300)
     await h.deny(TOKENS, est_tokens=1)
 
@@ -287,6 +298,8 @@ async def test_a_failed_settlement_refunds_the_whole_estimate(h: Harness) -> Non
     grant = await h.grant(TOKENS, est_tokens=1000)
     await h.deny(TOKENS, est_tokens=1)
     await h.settle(grant, TOKENS, Effect.FAILURE, est_tokens=1000, used_tokens=0)
+    # all of it back: a whole minute's worth again once the margin it was charged ahead passed
+    h.clock.advance(ARRIVAL_MARGIN_S)
     await h.grant(TOKENS, est_tokens=1000)
 
 

@@ -24,7 +24,10 @@
 --   KEYS[6i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> arrival (FIFO, fleet-wide); a
 --                                                waiter is "<origin> <call id> <claim s>"
 --   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
---                                                each of its admissions)
+--                                                each of its admissions); "@<call id>": a
+--                                                quota slot that call booked -> the slot
+--                                                plus its claim (the slot is this less
+--                                                ARGV[7]; it lapses at this time)
 --   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
 -- ARGV[1]   now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]   permit id (chosen by the caller: a repeated admit returns its first grant)
@@ -36,10 +39,13 @@
 --           granted, it leaves every queue and hands on a permit it was handed elsewhere
 -- ARGV[6]   "" (no gate), or the probe's lease in seconds: while the scope's gate is
 --           closed one call at a time may probe; the others are refused at once
--- ARGV[7]   the waiter's claim in seconds     ARGV[8]   lease seconds
--- ARGV[9]   the caller's origin (its process)
--- ARGV[10]  the wake-up channel of origin X is this text followed by X
--- ARGV[11..16] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
+-- ARGV[7]   the waiter's claim in seconds
+-- ARGV[8]   how far ahead a waiting caller refused by quota buckets alone books the
+--           soonest slot they give ("" or 0: it does not book): the buckets are charged
+--           as at that slot, and from the slot on it is admitted there uncharged
+-- ARGV[9]   lease seconds     ARGV[10]  the caller's origin (its process)
+-- ARGV[11]  the wake-up channel of origin X is this text followed by X
+-- ARGV[12..17] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
 --           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket,
 --           else a sliding window of this length)
 -- Returns  {1, name, admitted_at, call, source, ...}     a grant; then any waiter of
@@ -47,6 +53,8 @@
 --                                                         permit was handed on to
 --          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota
+--          {3, reopen_in_s, booked_in_s, name, reason, ...}  a denial, the caller holding
+--                                                         a booked slot that far ahead
 --          {2, gated_for_s, reset}                        refused by the scope's gate
 --                                                         (reset "1": it opens when
 --                                                         rate limits reset)
@@ -55,16 +63,21 @@
 
 local function fmt(x) return string.format('%.17g', x) end
 local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
-local T = 10  -- the arguments before the candidates'
+local MARGIN_S = 0.5  -- as core.quota.ARRIVAL_MARGIN_S
+local SLACK_S = 0.01  -- as core.quota.BOOKING_SLACK_S
+local T = 11  -- the arguments before the candidates'
 
+-- Seconds `cost` units move a TAT by (a cost above the limit is charged as the limit).
+local function charge_s(cost, limit)
+  return math.min(math.max(cost, 0), limit) * 60.0 / limit
+end
+
+-- core.quota.gcra_reserve: checked as arriving now, charged as arriving MARGIN_S later.
 local function gcra(tat, now, cost, limit)
-  local interval = 60.0 / limit
-  if cost > limit then cost = limit end
-  if cost < 0 then cost = 0 end
-  local new_tat = math.max(tat, now) + cost * interval
-  local allowed_at = new_tat - 60.0
-  if allowed_at > now then return tat, allowed_at - now end
-  return new_tat, nil
+  local charge = charge_s(cost, limit)
+  local over = math.max(tat - now, 0) + charge - 60.0  -- (exact for a full bucket)
+  if over > 0 then return tat, over end
+  return math.max(tat, now + MARGIN_S) + charge, nil
 end
 
 -- The TAT after one admission of `cost`; the wait, if it may not, goes into `waits`.
@@ -109,12 +122,17 @@ local permit, est, call, waits = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local n = (#ARGV - T) / 6
 local queued = waits == '2'
 local handed = '~' .. call
-local function waiter() return ARGV[9] .. ' ' .. call .. ' ' .. ARGV[7] end
+local booked = '@' .. call
+local claim_s = tonumber(ARGV[7])
+local book_within = tonumber(ARGV[8]) or 0
+local function waiter() return ARGV[10] .. ' ' .. call .. ' ' .. ARGV[7] end
 
 -- A repeated admit returns its first grant. With one candidate and no queue to look
 -- in, the permit's presence is checked where it matters instead: when adding it, and
 -- before any refusal (`unchecked`).
 local handed_until = {}  -- candidate -> the claim of a permit handed to this caller there
+local slot_of = {}  -- candidate -> the slot this caller booked there
+local has_booking = false
 local unchecked = not queued and n == 1
 if not unchecked then
   for i = 1, n do
@@ -123,6 +141,12 @@ if not unchecked then
       local s = redis.call('ZMSCORE', pkey, permit, handed)
       if s[1] then return {1, ARGV[T + 6 * i - 5], fmt(now)} end
       if s[2] then handed_until[i] = tonumber(s[2]) end
+      local b = redis.call('ZSCORE', KEYS[6 * i], booked)
+      if b and tonumber(b) > now then
+        slot_of[i], has_booking = tonumber(b) - claim_s, true
+      elseif b then
+        redis.call('ZREM', KEYS[6 * i], booked)  -- lapsed unused
+      end
     elseif redis.call('ZSCORE', pkey, permit) then
       return {1, ARGV[T + 6 * i - 5], fmt(now)}
     end
@@ -152,6 +176,7 @@ end
 
 local denial = {0, ''}
 local soonest = nil
+local bookable = {}  -- {candidate, dims}: refused by quota buckets alone
 for i = 1, n do
   local a = T + 6 * i - 6
   local name, cap, initial = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
@@ -205,9 +230,17 @@ for i = 1, n do
   if in_use >= permits then reasons[#reasons + 1] = 'at_capacity' end
   local req_tat, tok_tat = nil, nil
   local waits_s = {}  -- declared and learned quotas alike: one 'quota' reason
+  local dims = {}  -- the buckets an admission here is charged to: {tat, cost, limit, key, field}
+  local slot = slot_of[i]
+  if slot then  -- its quota is paid: it may run from its slot on
+    if now + SLACK_S < slot then waits_s[1] = slot - now end
+    rpm, tpm, window = 0, 0, 0  -- nothing more to charge
+  end
   if rpm > 0 or tpm > 0 then
     local q = redis.call('HMGET', qkey, 'req', 'tok')
     req_tat, tok_tat = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
+    if rpm > 0 and window <= 0 then dims[#dims + 1] = {req_tat, 1, rpm, qkey, 'req'} end
+    if tpm > 0 and est > 0 then dims[#dims + 1] = {tok_tat, est, tpm, qkey, 'tok'} end
     if rpm > 0 and window > 0 then
       local count = redis.call('ZCARD', lkey)
       if count >= rpm then  -- full: drop what left the window, count again
@@ -228,9 +261,11 @@ for i = 1, n do
   end
   -- the provider's announced limits (learned at settle), beside any declared quota
   local lrpm, ltpm, lreq, ltok = 0, 0, nil, nil
-  if st[10] and now - tonumber(st[10]) <= LEARNED_TTL_S then
+  if not slot and st[10] and now - tonumber(st[10]) <= LEARNED_TTL_S then
     lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
     lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
+    if lrpm > 0 then dims[#dims + 1] = {lreq, 1, lrpm, skey, 'lreq'} end
+    if ltpm > 0 and est > 0 then dims[#dims + 1] = {ltok, est, ltpm, skey, 'ltok'} end
     if lrpm > 0 then lreq = charge(waits_s, lreq, now, 1, lrpm) end
     if ltpm > 0 and est > 0 then ltok = charge(waits_s, ltok, now, est, ltpm) end
   end
@@ -247,7 +282,14 @@ for i = 1, n do
     if not mine and waits ~= '0' and #reasons == 1 and reasons[1] == 'at_capacity' then
       local w = waiter()
       redis.call('ZADD', KEYS[6 * i - 1], 'NX', now, w)
-      redis.call('ZADD', KEYS[6 * i], now + tonumber(ARGV[7]), w)
+      redis.call('ZADD', KEYS[6 * i], now + claim_s, w)
+    end
+    local only_quota = true
+    for _, r in ipairs(reasons) do only_quota = only_quota and r == 'quota' end
+    if slot then  -- kept while the call waits on
+      if slot <= now then redis.call('ZADD', KEYS[6 * i], 'GT', now + claim_s, booked) end
+    elseif only_quota and window <= 0 and #dims > 0 then
+      bookable[#bookable + 1] = {i, dims}
     end
     if #known == #reasons then
       local reopen = math.max(unpack(known))
@@ -255,11 +297,11 @@ for i = 1, n do
     end
   else
     if unchecked then  -- (still unchecked: ZADD NX tells)
-      if redis.call('ZADD', pkey, 'NX', now + tonumber(ARGV[8]), permit) == 0 then
+      if redis.call('ZADD', pkey, 'NX', now + tonumber(ARGV[9]), permit) == 0 then
         return {1, name, fmt(now)}  -- held already: its first grant
       end
     else
-      redis.call('ZADD', pkey, now + tonumber(ARGV[8]), permit)
+      redis.call('ZADD', pkey, now + tonumber(ARGV[9]), permit)
     end
     local fields = {}
     if take_probe then
@@ -269,6 +311,7 @@ for i = 1, n do
     if lrpm > 0 then fields[#fields + 1] = 'lreq'; fields[#fields + 1] = lreq end
     if ltpm > 0 and est > 0 then fields[#fields + 1] = 'ltok'; fields[#fields + 1] = ltok end
     if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
+    if slot then redis.call('ZREM', KEYS[6 * i], booked) end  -- paid when booked
     if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', req_tat, 'tok', tok_tat) end
     if rpm > 0 and window > 0 then
       redis.call('ZADD', lkey, now, permit)
@@ -283,10 +326,11 @@ for i = 1, n do
         if not (j == i and mine) and redis.call('ZREM', queue, w) == 1 then
           redis.call('ZREM', alive, w)
         end
+        if j ~= i and slot_of[j] then redis.call('ZREM', alive, booked) end  -- lapses unused
         if j > i and handed_until[j] then
           redis.call('ZREM', KEYS[6 * j - 5], handed)
-          hand_on(KEYS[6 * j - 5], queue, alive, now, ARGV[10], ARGV[T + 6 * j - 5],
-            ARGV[9], reply)
+          hand_on(KEYS[6 * j - 5], queue, alive, now, ARGV[11], ARGV[T + 6 * j - 5],
+            ARGV[10], reply)
         end
       end
     end
@@ -294,4 +338,36 @@ for i = 1, n do
   end
 end
 if soonest ~= nil then denial[2] = fmt(soonest) end
+
+-- A slot booked already and still ahead: the caller asks again then.
+local ahead = nil
+for _, at in pairs(slot_of) do
+  if at > now + SLACK_S and (ahead == nil or at - now < ahead) then ahead = at - now end
+end
+if ahead ~= nil then
+  denial[1] = 3
+  table.insert(denial, 3, fmt(ahead))
+-- Else book the soonest slot the quota buckets of one candidate give (core.quota.gcra_book).
+elseif book_within > 0 and waits ~= '0' and #bookable > 0 and not has_booking then
+  local best, best_slot = nil, nil
+  for _, b in ipairs(bookable) do
+    local at = now
+    for _, d in ipairs(b[2]) do
+      at = math.max(at, now + math.max(d[1] - now, 0) + charge_s(d[2], d[3]) - 60.0)
+    end
+    if best_slot == nil or at < best_slot then best, best_slot = b, at end
+  end
+  if best_slot - now <= book_within then
+    for _, d in ipairs(best[2]) do
+      local tat = math.max(d[1], best_slot + MARGIN_S) + charge_s(d[2], d[3])
+      redis.call('HSET', d[4], d[5], fmt(tat))
+    end
+    local alive = KEYS[6 * best[1]]
+    redis.call('ZREMRANGEBYSCORE', alive, '-inf', now)  -- lapsed bookings and claims
+    redis.call('ZADD', alive, best_slot + claim_s, booked)
+    if soonest == nil or best_slot - now < soonest then denial[2] = fmt(best_slot - now) end
+    denial[1] = 3
+    table.insert(denial, 3, fmt(best_slot - now))
+  end
+end
 return denial

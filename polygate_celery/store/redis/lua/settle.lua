@@ -40,6 +40,9 @@
 
 local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
 
+-- seconds `cost` units move a TAT by, clamped to the limit (as admit.lua charges them)
+local function charge_s(cost, limit) return math.min(math.max(cost, 0), limit) * 60.0 / limit end
+
 local permit = ARGV[2]
 local held = redis.call('ZREM', KEYS[1], permit) == 1
 local now
@@ -74,9 +77,9 @@ if a[7] and now - tonumber(a[7]) > LEARNED_TTL_S then  -- none learned: nothing 
 end
 ltok = tonumber(ltok or '-1e300')
 if held and ltpm > 0 and est > 0 and admitted_at > tonumber(ltsince or '1e300') then
-  local delta = math.min(math.max(used, 0), ltpm) - math.min(math.max(est, 0), ltpm)
+  local delta = charge_s(used, ltpm) - charge_s(est, ltpm)
   if delta ~= 0 then
-    ltok = ltok + delta * 60.0 / ltpm
+    ltok = ltok + delta
     put('ltok', ltok)
   end
 end
@@ -150,10 +153,10 @@ end
 if #set > 0 then redis.call('HSET', skey, unpack(set)) end
 
 if tpm > 0 and est > 0 then
-  local delta = math.min(math.max(used, 0), tpm) - math.min(math.max(est, 0), tpm)
+  local delta = charge_s(used, tpm) - charge_s(est, tpm)
   if delta ~= 0 then
     local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')
-    redis.call('HSET', KEYS[3], 'tok', tok + delta * 60.0 / tpm)
+    redis.call('HSET', KEYS[3], 'tok', tok + delta)
   end
 end
 

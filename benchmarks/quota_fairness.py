@@ -1,0 +1,202 @@
+"""Quota fairness: how long callers wait for a shared rpm quota, and how often they ask.
+
+Run: ``.venv/bin/python benchmarks/quota_fairness.py [--processes 4] [--callers 4]
+[--calls 200] [--label NAME]`` (a private ``redis-server``; the simulator in this
+process). Prints one Markdown table row; `benchmarks/results/quota_fairness.md` holds
+the committed runs.
+
+`processes` worker processes of `callers` callers each (16 in flight) make `calls`
+chat calls in all, one after another per caller, against one source with the
+package's defaults but ``max_concurrency = 16`` and ``rpm = 120`` (a bucket, the
+default window); the simulated provider counts 120 RPM as a token bucket and answers
+in 0.05-0.1 s. The quota, not the cap, is what callers wait for: after the first
+minute's burst, two calls a second for 16 callers. Per row: the wait for a permit (from
+a call's first ask of the store to its grant), median, p99 and the slowest, beside the
+wait first-come-first-served order gives (16 callers / 2 per second = 8 s); refused
+admissions per acquisition; the provider's refusals (429), which must be none; how long
+a granted request took to reach the provider (admissions and arrivals matched in order:
+the store keeps `ARRIVAL_MARGIN_S` of a bucket's refill for this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CAP, RPM = 16, 120
+LATENCY_S = (0.05, 0.1)
+HARNESS_TIMEOUT_S = 660.0
+
+
+def config(base_url: str) -> dict[str, Any]:
+    return {
+        "sources": {
+            "sim": {
+                "base_url": base_url,
+                "model": "fair-model",
+                "max_concurrency": CAP,
+                "rpm": RPM,
+                "timeout_s": 30,
+            }
+        },
+        "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}},
+    }
+
+
+async def worker(spec: dict[str, Any]) -> dict[str, Any]:
+    from polygate_celery import AllSourcesExhausted, Gateway, parse_config  # noqa: PLC0415
+    from polygate_celery.store import Grant  # noqa: PLC0415
+    from polygate_celery.store.redis import RedisStore, redis_client  # noqa: PLC0415
+
+    store = RedisStore.from_url(spec["url"], prefix=spec["prefix"], socket_timeout_s=30)
+    counts = {"admits": 0, "granted": 0}
+    first_ask: dict[str, float] = {}
+    waits: list[float] = []
+    admitted: list[float] = []  # store time (Redis TIME, seconds since the epoch)
+    admit = store.admit
+
+    async def counted(request: Any) -> Any:
+        first_ask.setdefault(request.call_id, time.monotonic())
+        answer = await admit(request)
+        counts["admits"] += 1
+        if isinstance(answer, Grant):
+            counts["granted"] += 1
+            waits.append(time.monotonic() - first_ask.pop(request.call_id))
+            admitted.append(answer.admitted_at)
+        return answer
+
+    store.admit = counted  # type: ignore[method-assign]
+    gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
+    client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
+    await client.rpush(spec["ready"], "1")
+    await client.blpop([spec["go"]], timeout=600)
+    verdicts: Counter[str] = Counter()
+
+    async def caller() -> None:
+        while await client.decr(spec["left"]) >= 0:  # the calls left, fleet-wide
+            try:
+                await gateway.chat("summarise", [{"role": "user", "content": "summarise"}])
+                verdicts["success"] += 1
+            except AllSourcesExhausted as exc:
+                verdicts[exc.reason] += 1
+
+    await asyncio.gather(*(caller() for _ in range(spec["callers"])))
+    await client.aclose()
+    await gateway.aclose()
+    return {**counts, "waits": waits, "admitted": admitted, "verdicts": dict(verdicts)}
+
+
+async def run(url: str, processes: int, callers: int, calls: int, label: str) -> str:
+    import redis  # noqa: PLC0415
+
+    from polygate_celery.testing.simulator import (  # noqa: PLC0415
+        ModelBehaviour,
+        SimulatedProvider,
+    )
+
+    behaviour = ModelBehaviour(capacity=CAP, rpm=RPM, rate_limiter="bucket", latency_s=LATENCY_S)
+    run_id = uuid.uuid4().hex[:8]
+    with SimulatedProvider({"fair-model": behaviour}) as provider:
+        spec = {
+            "url": url,
+            "base_url": provider.url,
+            "prefix": f"fair-{run_id}",
+            "ready": f"bench:{run_id}:ready",
+            "go": f"bench:{run_id}:go",
+            "left": f"bench:{run_id}:left",
+            "callers": callers,
+        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POLYGATE_")}
+        children = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--worker",
+                json.dumps(spec),
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            for _ in range(processes)
+        ]
+        with redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
+        ) as client:
+            for _ in range(processes):
+                client.blpop([spec["ready"]], timeout=600)
+            client.set(spec["left"], calls)
+            began = time.perf_counter()
+            client.rpush(spec["go"], *["go"] * processes)
+            outputs = [await child.communicate() for child in children]
+            elapsed = time.perf_counter() - began
+            for key in client.scan_iter(match=f"{{{spec['prefix']}}}*"):
+                client.delete(key)
+            client.delete(spec["left"])
+        journal = provider.journal
+        epoch = time.time() - provider.since_start()  # the journal's clock, as epoch seconds
+    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    waits = sorted(w for r in results for w in r["waits"])
+    granted = sum(r["granted"] for r in results)
+    refused = sum(r["admits"] - r["granted"] for r in results)
+    verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
+    refusals = sum(1 for e in journal if e.outcome.startswith("429"))
+    # admissions and arrivals matched in order: how long a granted request took to arrive
+    admissions = sorted(a for r in results for a in r["admitted"])
+    arrivals = sorted(e.at + epoch for e in journal)
+    lags = sorted(b - a for a, b in zip(admissions, arrivals, strict=False))
+    in_flight = processes * callers
+    fifo_s = in_flight / (RPM / 60.0)
+    p99 = waits[min(len(waits) - 1, int(0.99 * len(waits)))]
+    row = (
+        f"| {label} | {processes} x {callers} | {dict(sorted(verdicts.items()))} | "
+        f"{1000 * statistics.median(waits):.0f} / {1000 * p99:.0f} / {1000 * waits[-1]:.0f} ms "
+        f"| {1000 * fifo_s:.0f} ms | {refused / max(granted, 1):.2f} | {refusals} "
+        f"| {1000 * statistics.median(lags):.0f} / {1000 * lags[-1]:.0f} ms | {elapsed:.1f} s |"
+    )
+    if refusals or verdicts["success"] != calls:
+        row += f"\n\n**FAILED**: {refusals} provider refusals, {dict(verdicts)}"
+    return row
+
+
+HEADER = (
+    "| run | processes x callers | verdicts | wait p50 / p99 / slowest | FIFO wait "
+    "| refused admissions per acquisition | provider 429s | admission to arrival p50 / max "
+    "| run |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--callers", type=int, default=4)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--label", default="this commit")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(asyncio.run(worker(json.loads(args.worker)))), flush=True)
+        return
+    from tests.redis_server import RedisServer  # noqa: PLC0415
+
+    with RedisServer() as server:
+        row = asyncio.run(run(server.url, args.processes, args.callers, args.calls, args.label))
+    print(HEADER)
+    print(row)
+    if "**FAILED**" in row:
+        raise SystemExit("a provider refusal, or a call that did not succeed")
+
+
+if __name__ == "__main__":
+    main()

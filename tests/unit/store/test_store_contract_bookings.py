@@ -1,0 +1,145 @@
+"""Store contract: callers waiting for a quota book their slots, and are served in turn.
+
+A waiting caller (a call id, a claim, `book_within_s`) refused by quota buckets alone
+books the soonest slot they give; the quota is charged for it then, and from the slot
+on the caller is admitted without a second charge. Callers are so served in the order
+they booked, one per refill, and each asks twice in all (the refusal that booked, the
+admission at its slot), instead of all asking again at every refill.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from polygate_celery.core.quota import BURST_S
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store import Denial, Grant
+from tests.unit.store.conftest import Harness
+
+RPM = SourceTerms("rpm", 10, quota=QuotaTerms("key", rpm=60))  # a bucket: one a second
+WITHIN = {"book_within_s": 300.0}
+
+
+async def drain(h: Harness, source: SourceTerms) -> Denial:
+    """Spend the bucket's burst with calls that do not wait (each settled at once); the
+    first refusal."""
+    while True:
+        answer = await h.admit(source)
+        if isinstance(answer, Denial):
+            return answer
+        await h.settle(answer, source)
+
+
+async def test_waiting_callers_book_consecutive_slots_in_the_order_they_asked(
+    h: Harness,
+) -> None:
+    first = await drain(h, RPM)
+    assert first.booked_in_s is None  # a caller that does not wait books nothing
+    assert first.reopen_in_s is not None
+    slots = []
+    for caller in ("a", "b", "c"):
+        denial = await h.deny(RPM, waiter=caller, **WITHIN)
+        assert denial.blocked == (("rpm", "quota"),)
+        assert denial.booked_in_s is not None
+        assert denial.reopen_in_s == pytest.approx(denial.booked_in_s)
+        slots.append(denial.booked_in_s)
+    assert slots[0] == pytest.approx(first.reopen_in_s)
+    assert slots[1] == pytest.approx(slots[0] + 1.0)
+    assert slots[2] == pytest.approx(slots[1] + 1.0)
+    # each at its slot, in turn; before it, the next is refused and told its slot again
+    h.clock.advance(slots[0])
+    assert isinstance(await h.admit(RPM, waiter="a", **WITHIN), Grant)
+    again = await h.deny(RPM, waiter="b", **WITHIN)
+    assert again.booked_in_s == pytest.approx(1.0)
+    h.clock.advance(1.0)
+    assert isinstance(await h.admit(RPM, waiter="b", **WITHIN), Grant)
+    h.clock.advance(1.0)
+    assert isinstance(await h.admit(RPM, waiter="c", **WITHIN), Grant)
+
+
+async def test_a_booking_counts_as_an_admission_at_its_slot(h: Harness) -> None:
+    first = await drain(h, RPM)
+    assert first.reopen_in_s is not None
+    booked = await h.deny(RPM, waiter="a", **WITHIN)
+    assert booked.booked_in_s == pytest.approx(first.reopen_in_s)
+    # a caller that does not book waits for the slot after the booked one
+    after = await h.deny(RPM)
+    assert after.reopen_in_s == pytest.approx(first.reopen_in_s + 1.0)
+    # used at its slot, the booking is not charged again
+    h.clock.advance(booked.booked_in_s)
+    assert isinstance(await h.admit(RPM, waiter="a", **WITHIN), Grant)
+    h.clock.advance(1.0)
+    assert isinstance(await h.admit(RPM), Grant)
+
+
+async def test_no_booking_beyond_the_horizon_and_none_without_one(h: Harness) -> None:
+    slow = SourceTerms("slow", 10, quota=QuotaTerms("slow-key", rpm=1))  # one a minute
+    await drain(h, slow)
+    far = await h.deny(slow, waiter="a", book_within_s=10.0)
+    assert far.booked_in_s is None
+    assert (await h.deny(slow, waiter="b")).booked_in_s is None  # book_within_s 0
+    # nothing was charged: the next booking gets the first slot
+    near = await h.deny(slow, waiter="c", **WITHIN)
+    assert near.booked_in_s == pytest.approx(far.reopen_in_s)
+
+
+async def test_a_booking_not_used_lapses_after_its_claim(h: Harness) -> None:
+    slow = SourceTerms("slow", 10, quota=QuotaTerms("slow-key", rpm=6))  # one per 10 s
+    await drain(h, slow)
+    booked = await h.deny(slow, waiter="a", claim_s=3.0, **WITHIN)
+    assert booked.booked_in_s is not None
+    h.clock.advance(booked.booked_in_s + 3.0 + 0.1)  # its slot, then its claim, passed
+    # the lapsed slot stays spent: the next is one interval after it
+    after = await h.deny(slow)
+    assert after.reopen_in_s == pytest.approx(10.0 - 3.1)
+    # "a" asks late: its booking lapsed, so it books afresh, at that next slot
+    late = await h.deny(slow, waiter="a", claim_s=3.0, **WITHIN)
+    assert late.booked_in_s == pytest.approx(after.reopen_in_s)
+
+
+async def test_a_booked_caller_refused_for_capacity_keeps_its_paid_slot(h: Harness) -> None:
+    narrow = SourceTerms("narrow", 1, quota=QuotaTerms("narrow-key", rpm=60))
+    await drain(h, narrow)
+    a = await h.deny(narrow, waiter="a", **WITHIN)
+    b = await h.deny(narrow, waiter="b", **WITHIN)
+    assert a.booked_in_s is not None
+    assert b.booked_in_s is not None
+    h.clock.advance(b.booked_in_s)  # both slots have come: "a" takes the one permit
+    held = await h.grant(narrow, waiter="a", **WITHIN)
+    full = await h.deny(narrow, waiter="b", **WITHIN)
+    assert full.blocked == (("narrow", "at_capacity"),)
+    assert full.booked_in_s is None  # its slot has come: it waits for the permit alone
+    h.clock.advance(2.0)  # within its claim (renewed by each ask), past its slot
+    await h.deny(narrow, waiter="b", **WITHIN)
+    h.clock.advance(2.0)
+    await h.deny(narrow, waiter="b", **WITHIN)
+    await h.settle(held, narrow)  # the permit is handed to "b": no quota charged again
+    assert isinstance(await h.admit(narrow, waiter="b", **WITHIN), Grant)
+
+
+async def test_tokens_are_booked_with_the_requests(h: Harness) -> None:
+    tokens = SourceTerms("tok", 10, quota=QuotaTerms("tok-key", tpm=600))  # 10 a second
+    await h.grant(tokens, est_tokens=500)
+    booked = await h.deny(tokens, est_tokens=200, waiter="a", **WITHIN)
+    # 500 + 200 tokens: the burst of 600 * 59.5 / 60 = 595 is 105 short: 10.5 s
+    assert booked.booked_in_s == pytest.approx(700 * 0.1 - BURST_S)
+    after = await h.deny(tokens, est_tokens=10)
+    assert after.reopen_in_s == pytest.approx(booked.booked_in_s + 1.0)
+
+
+async def test_a_sliding_window_is_never_booked(h: Harness) -> None:
+    sliding = SourceTerms("win", 10, quota=QuotaTerms("win-key", rpm=1, rpm_window="sliding"))
+    await h.grant(sliding)
+    denial = await h.deny(sliding, waiter="a", **WITHIN)
+    assert denial.booked_in_s is None
+    assert (await h.deny(sliding, waiter="b", **WITHIN)).reopen_in_s == pytest.approx(
+        denial.reopen_in_s
+    )
+
+
+async def test_a_source_refusing_for_more_than_quota_is_not_booked(h: Harness) -> None:
+    narrow = SourceTerms("full", 1, quota=QuotaTerms("full-key", rpm=1))
+    await h.grant(narrow)  # the one permit, and the minute's request
+    denial = await h.deny(narrow, waiter="a", **WITHIN)
+    assert denial.blocked == (("full", "at_capacity"),)
+    assert denial.booked_in_s is None
