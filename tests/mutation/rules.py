@@ -76,6 +76,25 @@ MUTATIONS = (
         ("tests/integration/test_fleet_wakeups.py",),
     ),
     Mutation(
+        "arrival-margin",
+        "a quota bucket charges an admission as arriving ARRIVAL_MARGIN_S late (Redis)",
+        "polygate_celery/store/redis/lua/admit.lua",
+        "return math.max(tat, now + MARGIN_S) + charge, nil",
+        "return math.max(tat, now) + charge, nil",
+        ("tests/unit/store/test_store_contract_state.py",),
+    ),
+    Mutation(
+        "quota-booking",
+        "a caller waiting for a quota bucket books its slot and is admitted there (Redis)",
+        "polygate_celery/store/redis/lua/admit.lua",
+        "  if best_slot - now <= book_within then",
+        "  if false then",
+        (
+            "tests/unit/store/test_store_contract_bookings.py",
+            "tests/integration/test_fleet_wakeups.py",
+        ),
+    ),
+    Mutation(
         "countdown-strategy",
         'deferral.strategy = "countdown" defers by countdown, not into the parking lot',
         "polygate_celery/celery/deferral.py",
