@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -35,24 +32,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._fleet import (  # noqa: E402
+    act_as_worker,
+    chat_config,
+    count_admissions,
+    ready_then_wait,
+    run_fleet,
+)
+
 CAP, RPM = 8, 600
 LATENCY_S = (0.2, 0.4)
-HARNESS_TIMEOUT_S = 660.0  # the harness waits for slow starters (redis-py 8's default: 5 s)
 
 
 def config(base_url: str) -> dict[str, Any]:
-    return {
-        "sources": {
-            "sim": {
-                "base_url": base_url,
-                "model": "fleet-model",
-                "max_concurrency": CAP,
-                "rpm": RPM,
-                "timeout_s": 30,
-            }
-        },
-        "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}},
-    }
+    return chat_config(base_url, "fleet-model", CAP, RPM)
 
 
 async def worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -62,25 +55,12 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
         GovernanceBackendError,
         parse_config,
     )
-    from polygate_celery.store import Grant  # noqa: PLC0415
-    from polygate_celery.store.redis import RedisStore, redis_client  # noqa: PLC0415
+    from polygate_celery.store.redis import RedisStore  # noqa: PLC0415
 
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"])
-    counts = {"admits": 0, "granted": 0}
-    admit = store.admit
-
-    async def counted(request: Any) -> Any:
-        answer = await admit(request)
-        counts["admits"] += 1
-        counts["granted"] += isinstance(answer, Grant)
-        return answer
-
-    store.admit = counted  # type: ignore[method-assign]
+    counts = count_admissions(store)
     gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
-    client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
-    await client.rpush(spec["ready"], "1")
-    await client.blpop([spec["go"]], timeout=600)
-    await client.aclose()
+    await ready_then_wait(spec)
     verdicts: Counter[str] = Counter()
 
     async def caller() -> None:
@@ -118,8 +98,6 @@ def busiest_window(arrivals: list[float], window_s: float = 60.0) -> int:
 
 
 async def run(url: str, processes: int, callers: int) -> str:
-    import redis  # noqa: PLC0415
-
     from polygate_celery.core.quota import ARRIVAL_MARGIN_S, PERIOD_S  # noqa: PLC0415
     from polygate_celery.testing.simulator import (  # noqa: PLC0415
         ModelBehaviour,
@@ -127,52 +105,20 @@ async def run(url: str, processes: int, callers: int) -> str:
     )
 
     behaviour = ModelBehaviour(capacity=CAP, rpm=RPM, rate_limiter="bucket", latency_s=LATENCY_S)
-    run_id = uuid.uuid4().hex[:8]
     with SimulatedProvider({"fleet-model": behaviour}) as provider:
         spec = {
-            "url": url,
             "base_url": provider.url,
-            "prefix": f"fleet-{run_id}",
-            "ready": f"bench:{run_id}:ready",
-            "go": f"bench:{run_id}:go",
+            "prefix": f"fleet-{uuid.uuid4().hex[:8]}",
             "callers": callers,
         }
-        env = {k: v for k, v in os.environ.items() if not k.startswith("POLYGATE_")}
-        children = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                __file__,
-                "--worker",
-                json.dumps(spec),
-                stdout=subprocess.PIPE,
-                env=env,
-            )
-            for _ in range(processes)
-        ]
-        with redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
-        ) as client:
-            for _ in range(processes):
-                client.blpop([spec["ready"]], timeout=600)
-            client.config_resetstat()
-            cpu = client.info("cpu")
-            began = time.perf_counter()
-            client.rpush(spec["go"], *["go"] * processes)
-            outputs = [await child.communicate() for child in children]
-            elapsed = time.perf_counter() - began
-            cpu_after = client.info("cpu")
-            stats = client.info("commandstats")
-            for key in client.scan_iter(match=f"{{{spec['prefix']}}}*"):
-                client.delete(key)
+        fleet = await run_fleet(__file__, url, spec, processes)
         journal = provider.journal
         peak = provider.peak("fleet-model")
-    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    results, elapsed, redis_cpu = fleet.results, fleet.elapsed_s, fleet.redis_cpu_s
+    commands = fleet.total_commands
     verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
     granted = sum(r["granted"] for r in results)
     refused = sum(r["admits"] - r["granted"] for r in results)
-    harness = {"cmdstat_info", "cmdstat_config|resetstat", "cmdstat_rpush", "cmdstat_blpop"}
-    commands = sum(int(v["calls"]) for k, v in stats.items() if k not in harness)
-    redis_cpu = sum(float(cpu_after[k]) - float(cpu[k]) for k in ("used_cpu_sys", "used_cpu_user"))
     outcomes = Counter(e.outcome for e in journal)
     margin = RPM * ARRIVAL_MARGIN_S / PERIOD_S
     served = [e for e in journal if e.outcome == "ok"]
@@ -218,8 +164,7 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=63)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(asyncio.run(worker(json.loads(args.worker)))), flush=True)
+    if act_as_worker(args.worker, worker):
         return
     from tests.redis_server import RedisServer  # noqa: PLC0415
 

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -35,9 +33,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._fleet import (  # noqa: E402
+    act_as_worker,
+    count_admissions,
+    ready_then_wait,
+    run_fleet,
+)
+
 HOLD_S = 0.0035
 CAP = 4
-HARNESS_TIMEOUT_S = 660.0  # the harness waits for slow starters (redis-py 8's default: 5 s)
 
 
 # -- the worker process -----------------------------------------------------------------------
@@ -45,8 +49,7 @@ HARNESS_TIMEOUT_S = 660.0  # the harness waits for slow starters (redis-py 8's d
 
 async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from polygate_celery import Gateway, Outcome, parse_config  # noqa: PLC0415
-    from polygate_celery.store import Grant  # noqa: PLC0415
-    from polygate_celery.store.redis import RedisStore, redis_client  # noqa: PLC0415
+    from polygate_celery.store.redis import RedisStore  # noqa: PLC0415
 
     waits: list[float] = []
     started_at: dict[int, float] = {}
@@ -65,21 +68,9 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
         }
     )
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"])
-    counts = {"admits": 0, "granted": 0}
-    admit = store.admit
-
-    async def counted(request: Any) -> Any:
-        answer = await admit(request)
-        counts["admits"] += 1
-        counts["granted"] += isinstance(answer, Grant)
-        return answer
-
-    store.admit = counted  # type: ignore[method-assign]
+    counts = count_admissions(store)
     gateway = Gateway(config, {"w": HoldSource()}, store=store)
-    client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
-    await client.rpush(spec["ready"], "1")
-    await client.blpop([spec["go"]], timeout=600)
-    await client.aclose()
+    await ready_then_wait(spec)
     cpu0 = time.process_time()
 
     async def caller() -> None:
@@ -97,89 +88,32 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
 # -- the run ----------------------------------------------------------------------------------
 
 
-def info(url: str, section: str) -> dict[str, Any]:
-    import redis  # noqa: PLC0415
-
-    with redis.Redis.from_url(
-        url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
-    ) as client:
-        return dict(client.info(section))
-
-
 async def row(url: str, processes: int, callers: int, acquisitions: int) -> dict[str, Any]:
-    import redis  # noqa: PLC0415
-
     per_process = callers // processes
     calls = -(-acquisitions // (processes * per_process))
-    run_id = uuid.uuid4().hex[:8]
-    ready, go = f"bench:{run_id}:ready", f"bench:{run_id}:go"
-    spec = {
-        "url": url,
-        "prefix": f"wake-{run_id}",
-        "ready": ready,
-        "go": go,
-        "callers": per_process,
-        "calls": calls,
-    }
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--worker", json.dumps(spec), stdout=subprocess.PIPE
-        )
-        for _ in range(processes)
-    ]
-    with redis.Redis.from_url(
-        url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
-    ) as client:
-        for _ in range(processes):
-            client.blpop([ready], timeout=600)
-        client.config_resetstat()
-        cpu_before = info(url, "cpu")
-        began = time.perf_counter()
-        client.rpush(go, *["go"] * processes)
-        outputs = [await child.communicate() for child in children]
-        elapsed = time.perf_counter() - began
-        cpu_after = info(url, "cpu")
-        stats = client.info("commandstats")
-        client.delete(ready, go)
-        for key in client.scan_iter(match=f"{{{spec['prefix']}}}*"):
-            client.delete(key)
-    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    spec = {"prefix": f"wake-{uuid.uuid4().hex[:8]}", "callers": per_process, "calls": calls}
+    fleet = await run_fleet(__file__, url, spec, processes)
+    results = fleet.results
     granted = sum(r["granted"] for r in results)
     refused = sum(r["admits"] - r["granted"] for r in results)
-    commands = sum(
-        int(v["calls"])
-        for k, v in stats.items()
-        if k.startswith("cmdstat_") and k not in {"cmdstat_info", "cmdstat_config|resetstat"}
-    )
-    command_names = {"rpush", "blpop", "del", "scan"}  # the harness's own, before and after
-    commands -= sum(int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in command_names)
-    redis_cpu = sum(
-        float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user")
-    )
     waits = sorted(w for r in results for w in r["waits"])
-    breakdown = {
-        k.removeprefix("cmdstat_"): int(v["calls"]) / granted
-        for k, v in stats.items()
-        if k.startswith("cmdstat_")
-        and k.removeprefix("cmdstat_") not in command_names
-        and k not in {"cmdstat_info", "cmdstat_config|resetstat"}
-    }
+    per_s = granted / fleet.elapsed_s
     return {
-        "breakdown": breakdown,
+        "breakdown": {name: n / granted for name, n in fleet.commands.items()},
         "processes": processes,
         "callers": per_process,
         "acquisitions": granted,
-        "per_s": granted / elapsed,
+        "per_s": per_s,
         "refused": refused / granted,
-        "commands": commands / granted,
-        "redis_cpu_ms": 1000 * redis_cpu / granted,
+        "commands": fleet.total_commands / granted,
+        "redis_cpu_ms": 1000 * fleet.redis_cpu_s / granted,
         "worker_cpu_ms": 1000 * sum(r["cpu_s"] for r in results) / granted,
         "wait_p50_ms": 1000 * statistics.median(waits),
         "wait_p99_ms": 1000 * waits[min(len(waits) - 1, int(0.99 * len(waits)))],
         "wait_max_ms": 1000 * waits[-1],
         # In first-come-first-served order at this rate, a caller waits for the others
         # ahead of it: (callers - cap) acquisitions.
-        "fifo_wait_ms": 1000 * (callers - CAP) / (granted / elapsed),
+        "fifo_wait_ms": 1000 * (callers - CAP) / per_s,
     }
 
 
@@ -224,8 +158,7 @@ def main() -> None:
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(asyncio.run(worker(json.loads(args.worker)))), flush=True)
+    if act_as_worker(args.worker, worker):
         return
     from tests.redis_server import RedisServer  # noqa: PLC0415
 

@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -36,53 +33,46 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._fleet import (  # noqa: E402
+    act_as_worker,
+    chat_config,
+    count_admissions,
+    ready_then_wait,
+    run_fleet,
+)
+
 CAP, RPM = 16, 120
 LATENCY_S = (0.05, 0.1)
-HARNESS_TIMEOUT_S = 660.0
 
 
 def config(base_url: str) -> dict[str, Any]:
-    return {
-        "sources": {
-            "sim": {
-                "base_url": base_url,
-                "model": "fair-model",
-                "max_concurrency": CAP,
-                "rpm": RPM,
-                "timeout_s": 30,
-            }
-        },
-        "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}},
-    }
+    return chat_config(base_url, "fair-model", CAP, RPM)
 
 
 async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from polygate_celery import AllSourcesExhausted, Gateway, parse_config  # noqa: PLC0415
-    from polygate_celery.store import Grant  # noqa: PLC0415
     from polygate_celery.store.redis import RedisStore, redis_client  # noqa: PLC0415
 
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"], socket_timeout_s=30)
-    counts = {"admits": 0, "granted": 0}
     first_ask: dict[str, float] = {}
     waits: list[float] = []
     admitted: list[float] = []  # store time (Redis TIME, seconds since the epoch)
-    admit = store.admit
 
-    async def counted(request: Any) -> Any:
+    def granted(request: Any, grant: Any) -> None:
+        waits.append(time.monotonic() - first_ask.pop(request.call_id))
+        admitted.append(grant.admitted_at)
+
+    counts = count_admissions(store, granted)
+    asked = store.admit
+
+    async def first_asked(request: Any) -> Any:
         first_ask.setdefault(request.call_id, time.monotonic())
-        answer = await admit(request)
-        counts["admits"] += 1
-        if isinstance(answer, Grant):
-            counts["granted"] += 1
-            waits.append(time.monotonic() - first_ask.pop(request.call_id))
-            admitted.append(answer.admitted_at)
-        return answer
+        return await asked(request)
 
-    store.admit = counted  # type: ignore[method-assign]
+    store.admit = first_asked  # type: ignore[method-assign]
     gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
     client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
-    await client.rpush(spec["ready"], "1")
-    await client.blpop([spec["go"]], timeout=600)
+    await ready_then_wait(spec)
     verdicts: Counter[str] = Counter()
 
     async def caller() -> None:
@@ -100,8 +90,6 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run(url: str, processes: int, callers: int, calls: int, label: str) -> str:
-    import redis  # noqa: PLC0415
-
     from polygate_celery.testing.simulator import (  # noqa: PLC0415
         ModelBehaviour,
         SimulatedProvider,
@@ -111,42 +99,17 @@ async def run(url: str, processes: int, callers: int, calls: int, label: str) ->
     run_id = uuid.uuid4().hex[:8]
     with SimulatedProvider({"fair-model": behaviour}) as provider:
         spec = {
-            "url": url,
             "base_url": provider.url,
             "prefix": f"fair-{run_id}",
-            "ready": f"bench:{run_id}:ready",
-            "go": f"bench:{run_id}:go",
             "left": f"bench:{run_id}:left",
             "callers": callers,
         }
-        env = {k: v for k, v in os.environ.items() if not k.startswith("POLYGATE_")}
-        children = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                __file__,
-                "--worker",
-                json.dumps(spec),
-                stdout=subprocess.PIPE,
-                env=env,
-            )
-            for _ in range(processes)
-        ]
-        with redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
-        ) as client:
-            for _ in range(processes):
-                client.blpop([spec["ready"]], timeout=600)
-            client.set(spec["left"], calls)
-            began = time.perf_counter()
-            client.rpush(spec["go"], *["go"] * processes)
-            outputs = [await child.communicate() for child in children]
-            elapsed = time.perf_counter() - began
-            for key in client.scan_iter(match=f"{{{spec['prefix']}}}*"):
-                client.delete(key)
-            client.delete(spec["left"])
+        fleet = await run_fleet(
+            __file__, url, spec, processes, before_go=lambda c: c.set(spec["left"], calls)
+        )
         journal = provider.journal
         epoch = time.time() - provider.since_start()  # the journal's clock, as epoch seconds
-    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    results, elapsed = fleet.results, fleet.elapsed_s
     waits = sorted(w for r in results for w in r["waits"])
     granted = sum(r["granted"] for r in results)
     refused = sum(r["admits"] - r["granted"] for r in results)
@@ -185,8 +148,7 @@ def main() -> None:
     parser.add_argument("--label", default="this commit")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(asyncio.run(worker(json.loads(args.worker)))), flush=True)
+    if act_as_worker(args.worker, worker):
         return
     from tests.redis_server import RedisServer  # noqa: PLC0415
 

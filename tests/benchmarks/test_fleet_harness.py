@@ -32,3 +32,10 @@ def test_the_wake_up_table_has_a_row_per_process_count() -> None:
         if line.startswith("| 1 x 4 ") or line.startswith("| 2 x 2 ")
     ]
     assert len(rows) == 2, report
+
+
+def test_the_quota_fairness_row_reports_waits_and_no_refusal() -> None:
+    report = run("quota_fairness.py", "--processes", "2", "--callers", "2", "--calls", "12")
+    (row,) = [line for line in report.splitlines() if line.startswith("| this commit ")]
+    assert "| {'success': 12} |" in row
+    assert "FAILED" not in report

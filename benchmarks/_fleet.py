@@ -1,0 +1,148 @@
+"""The fleet benchmarks' harness: worker processes started together on one private Redis.
+
+Each benchmark script runs itself as its worker (``<script> --worker SPEC``): the worker
+builds its store and gateway, counts its admissions (`count_admissions`), says it is
+ready and waits for the go (`ready_then_wait`), runs, and prints one JSON line. The
+harness (`run_fleet`) starts them, waits until all are ready (start-up is not timed),
+resets Redis's statistics, gives the go, and reads what they printed, Redis's command
+counts and its CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+HARNESS_TIMEOUT_S = 660.0  # the harness waits for slow starters (redis-py 8's default: 5 s)
+
+# The harness's own commands (and the workers' ready, go and work list), not governance.
+HARNESS_COMMANDS = frozenset({"info", "config|resetstat", "rpush", "blpop", "decr"})
+
+
+def count_admissions(
+    store: Any, on_grant: Callable[[Any, Any], None] | None = None
+) -> dict[str, int]:
+    """Count `store`'s admit calls and grants (calling `on_grant(request, grant)` on each)."""
+    from polygate_celery.store import Grant  # noqa: PLC0415
+
+    counts = {"admits": 0, "granted": 0}
+    admit = store.admit
+
+    async def counted(request: Any) -> Any:
+        answer = await admit(request)
+        counts["admits"] += 1
+        if isinstance(answer, Grant):
+            counts["granted"] += 1
+            if on_grant is not None:
+                on_grant(request, answer)
+        return answer
+
+    store.admit = counted
+    return counts
+
+
+async def ready_then_wait(spec: dict[str, Any]) -> None:
+    """Tell the harness this worker is ready, then wait for its go."""
+    from polygate_celery.store.redis import redis_client  # noqa: PLC0415
+
+    client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
+    await client.rpush(spec["ready"], "1")
+    await client.blpop([spec["go"]], timeout=600)
+    await client.aclose()
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    results: list[dict[str, Any]]  # what each worker printed
+    elapsed_s: float  # from the go to the last worker's end
+    redis_cpu_s: float
+    commands: dict[str, int]  # governance commands Redis ran, by name (scripts' own too)
+
+    @property
+    def total_commands(self) -> int:
+        return sum(self.commands.values())
+
+
+async def run_fleet(
+    script: str,
+    url: str,
+    spec: dict[str, Any],
+    processes: int,
+    before_go: Callable[[Any], None] | None = None,
+) -> FleetRun:
+    """Run `processes` workers of `script` with `spec` (plus its url, ready and go keys);
+    `before_go(client)` prepares Redis once all are ready. The spec's prefix's keys are
+    removed afterwards."""
+    import redis  # noqa: PLC0415
+
+    run_id = uuid.uuid4().hex[:8]
+    spec = {**spec, "url": url, "ready": f"bench:{run_id}:ready", "go": f"bench:{run_id}:go"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYGATE_")}
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, script, "--worker", json.dumps(spec), stdout=subprocess.PIPE, env=env
+        )
+        for _ in range(processes)
+    ]
+    with redis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
+    ) as client:
+        for _ in range(processes):
+            client.blpop([spec["ready"]], timeout=600)
+        if before_go is not None:
+            before_go(client)
+        client.config_resetstat()
+        cpu_before = client.info("cpu")
+        began = time.perf_counter()
+        client.rpush(spec["go"], *["go"] * processes)
+        outputs = [await child.communicate() for child in children]
+        elapsed = time.perf_counter() - began
+        cpu_after = client.info("cpu")
+        stats = client.info("commandstats")
+        client.delete(spec["ready"], spec["go"])
+        for key in client.scan_iter(match=f"{{{spec['prefix']}}}*"):
+            client.delete(key)
+    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    commands = {
+        name: int(value["calls"])
+        for key, value in stats.items()
+        if (name := key.removeprefix("cmdstat_")) not in HARNESS_COMMANDS
+    }
+    redis_cpu = sum(
+        float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user")
+    )
+    return FleetRun(results, elapsed, redis_cpu, commands)
+
+
+def chat_config(base_url: str, model: str, cap: int, rpm: int) -> dict[str, Any]:
+    """One simulated chat source with the package's defaults but a cap and an rpm (the
+    default bucket), and one scope, "summarise", on it."""
+    return {
+        "sources": {
+            "sim": {
+                "base_url": base_url,
+                "model": model,
+                "max_concurrency": cap,
+                "rpm": rpm,
+                "timeout_s": 30,
+            }
+        },
+        "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}},
+    }
+
+
+def act_as_worker(spec_json: str | None, worker: Callable[[dict[str, Any]], Any]) -> bool:
+    """Run `worker` on `spec_json` (the ``--worker`` argument) and print its JSON line, if
+    this process was started as a worker; else False."""
+    if not spec_json:
+        return False
+    print(json.dumps(asyncio.run(worker(json.loads(spec_json)))), flush=True)
+    return True
