@@ -177,6 +177,7 @@ class GovernedCall:
         self.call_id = next(_permit_ids)
         self.gated = False
         self.refused = False  # refused since its last grant: it may be in a store's queue
+        self.booked = False  # told since its last grant that it booked a quota's slot
 
     async def run(self) -> CallResult:
         try:
@@ -224,17 +225,19 @@ class GovernedCall:
                         probe_lease_s=plan.max_call_s,
                         claim_s=0.0 if self.fail_fast else plan.claim_s,
                         queued=self.refused,
+                        booked=self.booked,
                         book_within_s=self._booking_horizon_s(asked_at),
                     )
                 )
                 if isinstance(admission, Denial):
                     self.refused = True
+                    self.booked = self.booked or admission.booked_in_s is not None
                     if admission.gated_for_s is not None:
                         self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
                     await self._on_no_runnable(admission, released)
                     continue
             self.stay_on = self.hold_on = None  # one attempt each
-            self.refused = False
+            self.refused = self.booked = False
             outcome, charged = await self._attempt(admission, asked_at)
             if outcome.kind is OutcomeKind.SUCCESS:
                 return self._result(admission.source, outcome)

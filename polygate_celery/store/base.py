@@ -44,6 +44,8 @@ class AdmitRequest:
     callers waiting for a quota are served in the order they booked, one per refill,
     instead of all asking again at each refill. A booking is made at one source at a
     time; one not used within its claim after the slot lapses (its units stay spent).
+    `booked` False says the caller holds no booking (it was told of none since its last
+    grant): the store need not look for one.
     """
 
     scope: str
@@ -56,6 +58,7 @@ class AdmitRequest:
     claim_s: float = 0.0
     queued: bool = True
     book_within_s: float = 0.0
+    booked: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,7 +200,7 @@ class RedisStore:
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         waits = b"0"
         if request.claim_s > 0 and request.call_id:
-            waits = b"2" if request.queued else b"1"
+            waits = (b"3" if request.booked else b"2") if request.queued else b"1"
         args = (
             self._now_arg(),
             request.permit_id.encode(),

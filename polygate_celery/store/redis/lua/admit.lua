@@ -36,7 +36,8 @@
 -- ARGV[5]   "0": the caller does not wait; "1": refused for capacity alone, it joins the
 --           source's queue (it is in no queue yet); "2": likewise, and it may be queued
 --           already: a permit a release handed to it (see settle.lua) is its own, and
---           granted, it leaves every queue and hands on a permit it was handed elsewhere
+--           granted, it leaves every queue and hands on a permit it was handed elsewhere;
+--           "3": likewise, and it may hold a booked quota slot (see ARGV[8])
 -- ARGV[6]   "" (no gate), or the probe's lease in seconds: while the scope's gate is
 --           closed one call at a time may probe; the others are refused at once
 -- ARGV[7]   the waiter's claim in seconds
@@ -120,7 +121,8 @@ else
 end
 local permit, est, call, waits = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local n = (#ARGV - T) / 6
-local queued = waits == '2'
+local queued = waits == '2' or waits == '3'
+local may_hold_booking = waits == '3'
 local handed = '~' .. call
 local booked = '@' .. call
 local claim_s = tonumber(ARGV[7])
@@ -141,7 +143,7 @@ if not unchecked then
       local s = redis.call('ZMSCORE', pkey, permit, handed)
       if s[1] then return {1, ARGV[T + 6 * i - 5], fmt(now)} end
       if s[2] then handed_until[i] = tonumber(s[2]) end
-      local b = redis.call('ZSCORE', KEYS[6 * i], booked)
+      local b = may_hold_booking and redis.call('ZSCORE', KEYS[6 * i], booked)
       if b and tonumber(b) > now then
         slot_of[i], has_booking = tonumber(b) - claim_s, true
       elseif b then
