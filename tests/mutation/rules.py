@@ -95,6 +95,22 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "stall-verdict",
+        "a call whose stall budget is spent while its scope made no progress ends stalled",
+        "polygate_celery/governance/loop.py",
+        "        if is_stalled(stalled_s, progress_age_s, window):\n",
+        "        if False:\n",
+        ("tests/unit/governance/test_stall_budget.py",),
+    ),
+    Mutation(
+        "outage-is-waiting",
+        "failures while no call of the scope succeeds spend the stall budget (rule 15)",
+        "polygate_celery/governance/loop.py",
+        "                await self._raise_if_stalled()  # an outage is waiting (rule 15)\n",
+        "                pass\n",
+        ("tests/unit/governance/test_outage_is_waiting.py",),
+    ),
+    Mutation(
         "countdown-strategy",
         'deferral.strategy = "countdown" defers by countdown, not into the parking lot',
         "polygate_celery/celery/deferral.py",
