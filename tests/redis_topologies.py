@@ -27,6 +27,10 @@ from tests.redis_server import free_port, server_binary
 
 SERVICE = "governance"
 DEADLINE_S = 60.0
+DOWN_AFTER_MS = 3000
+"""How long a silent master takes to be called down (Sentinel's down-after-milliseconds,
+a Cluster's node timeout): the failover tests' window in which no master answers. Long
+enough that a busy machine's callers start calls in it."""
 
 
 def wait_for(condition: Callable[[], bool], what: str, within_s: float = DEADLINE_S) -> None:
@@ -138,7 +142,7 @@ class SentinelGroup(_Processes):
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.master_port} 2\n"
-                f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+                f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {SERVICE} 5000\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
@@ -246,7 +250,7 @@ class RedisClusterGroup(_Processes):
                 *_server_args(port),
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", f"nodes-{port}.conf",
-                "--cluster-node-timeout", "1000",
+                "--cluster-node-timeout", str(DOWN_AFTER_MS),
             )  # fmt: skip
         for port in self.ports:
             wait_for(lambda port=port: bool(_client(port).ping()), "the nodes to start")
