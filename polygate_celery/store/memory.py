@@ -263,8 +263,10 @@ class MemoryStore:
                 booked.append(booking)
             reasons: list[BlockReason] = []
             known: list[float] = []
-            breaker = self._source_reasons(terms, state, request.permit_id, reasons, known)
-            quota, learned = self._quota_reasons(terms, state, booking, request, reasons, known)
+            breaker = self._source_reasons(terms, state, request.permit_id, now, reasons, known)
+            quota, learned = self._quota_reasons(
+                terms, state, booking, request, now, reasons, known
+            )
             if reasons:
                 blocked.append((terms.name, reasons[0]))
                 if known and len(known) == len(reasons):
@@ -309,12 +311,12 @@ class MemoryStore:
         terms: SourceTerms,
         state: _SourceState,
         permit_id: str,
+        now: float,
         reasons: list[BlockReason],
         known: list[float],
     ) -> BreakerState | None:
         """The pause's, the breaker's and the cap's say (as `_quota_reasons`): the breaker's
         state if it admits."""
-        now = self._clock.now()
         if state.paused_until > now:
             reasons.append("paused")
             known.append(state.paused_until - now)
@@ -334,12 +336,12 @@ class MemoryStore:
         state: _SourceState,
         booking: list[float] | None,
         request: AdmitRequest,
+        now: float,
         reasons: list[BlockReason],
         known: list[float],
     ) -> tuple[tuple[float, float] | float | None, dict[str, float] | float]:
         """The declared and learned quotas' say (a refusal goes into `reasons` and `known`):
         what admitting would charge them, or nothing for a call whose slot is booked."""
-        now = self._clock.now()
         if booking is not None:  # its quota is paid: it may run from its slot on
             if now + BOOKING_SLACK_S < booking[0]:
                 reasons.append("quota")

@@ -134,7 +134,6 @@ local function waiter() return ARGV[10] .. ' ' .. call .. ' ' .. ARGV[7] end
 -- before any refusal (`unchecked`).
 local handed_until = {}  -- candidate -> the claim of a permit handed to this caller there
 local slot_of = {}  -- candidate -> the slot this caller booked there
-local has_booking = false
 local unchecked = not queued and n == 1
 if not unchecked then
   for i = 1, n do
@@ -145,7 +144,7 @@ if not unchecked then
       if s[2] then handed_until[i] = tonumber(s[2]) end
       local b = may_hold_booking and redis.call('ZSCORE', KEYS[6 * i], booked)
       if b and tonumber(b) > now then
-        slot_of[i], has_booking = tonumber(b) - claim_s, true
+        slot_of[i] = tonumber(b) - claim_s
       elseif b then
         redis.call('ZREM', KEYS[6 * i], booked)  -- lapsed unused
       end
@@ -350,7 +349,7 @@ if ahead ~= nil then
   denial[1] = 3
   table.insert(denial, 3, fmt(ahead))
 -- Else book the soonest slot the quota buckets of one candidate give (core.quota.gcra_book).
-elseif book_within > 0 and waits ~= '0' and #bookable > 0 and not has_booking then
+elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == nil then
   local best, best_slot = nil, nil
   for _, b in ipairs(bookable) do
     local at = now
