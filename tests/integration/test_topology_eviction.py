@@ -46,32 +46,31 @@ def cluster() -> Iterator[RedisClusterGroup]:
         yield cluster
 
 
+def assert_reported(
+    store: dict[str, object], port: int, policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """noeviction everywhere passes quietly; `policy` set on the server at `port` alone is
+    found and warned of."""
+    assert checked(store, caplog) == "noeviction"
+    assert "maxmemory-policy" not in caplog.text
+    with redis.Redis(port=port) as server:
+        server.config_set("maxmemory-policy", policy)
+        try:
+            assert checked(store, caplog) == policy
+        finally:
+            server.config_set("maxmemory-policy", "noeviction")
+    assert f"Redis maxmemory-policy is '{policy}'" in caplog.text
+
+
 def test_sentinels_master_is_asked(
     sentinel: SentinelGroup, caplog: pytest.LogCaptureFixture
 ) -> None:
     store: dict[str, object] = {"sentinels": sentinel.sentinels, "service_name": SERVICE}
-    assert checked(store, caplog) == "noeviction"
-    assert "maxmemory-policy" not in caplog.text
-    with redis.Redis(port=sentinel.master()) as master:
-        master.config_set("maxmemory-policy", "volatile-lru")
-        try:
-            assert checked(store, caplog) == "volatile-lru"
-        finally:
-            master.config_set("maxmemory-policy", "noeviction")
-    assert "Redis maxmemory-policy is 'volatile-lru'" in caplog.text
+    assert_reported(store, sentinel.master(), "volatile-lru", caplog)
 
 
 def test_every_cluster_node_is_asked(
     cluster: RedisClusterGroup, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store: dict[str, object] = {"cluster_nodes": cluster.nodes[:1]}
-    assert checked(store, caplog) == "noeviction"
-    assert "maxmemory-policy" not in caplog.text
-    last = cluster.ports[-1]  # a node the configuration does not name
-    with redis.Redis(port=last) as node:
-        node.config_set("maxmemory-policy", "allkeys-lru")
-        try:
-            assert checked(store, caplog) == "allkeys-lru"
-        finally:
-            node.config_set("maxmemory-policy", "noeviction")
-    assert "Redis maxmemory-policy is 'allkeys-lru'" in caplog.text
+    # the last node: one the configuration does not name
+    assert_reported({"cluster_nodes": cluster.nodes[:1]}, cluster.ports[-1], "allkeys-lru", caplog)
