@@ -51,12 +51,14 @@ unacknowledged (kombu's ``unacked`` hash, ``unacked_index`` zset) or parked. A g
 waits until every task is final, up to its deadline, or until nothing has been
 queued, unacknowledged or parked for `QUIET_S` (the unfinished tasks are then lost).
 
-Timing. With ``max_call_s = 3`` for every scope, ``extra_task_s = 3`` and a
-visibility margin of 2 s, `configure_worker` derives a soft limit of 3 + 3 = 6 s, a
-hard limit of 6 + 30 = 36 s (its 30 s floor) and a visibility timeout of 38 s; kombu
+Timing. With ``max_call_s = 3`` for every scope, ``extra_task_s = 20`` and a
+visibility margin of 2 s, `configure_worker` derives a soft limit of 3 + 20 = 23 s, a
+hard limit of 23 + 30 = 53 s (its 30 s floor) and a visibility timeout of 55 s; kombu
 checks for expired unacknowledged messages every second here
 (``unacked_restore_interval = 1``), so a cold-stopped or lost worker's task is back
-about 38-40 s later. A SIGKILLed pool child's task comes back at once
+about 55-57 s later. The soft limit leaves a run 20 s beyond its governed call: a
+fresh worker's first run on a busy machine (imports, the runtime's first connections)
+took more than 3 s. A SIGKILLed pool child's task comes back at once
 (``task_reject_on_worker_lost``).
 """
 
@@ -104,13 +106,16 @@ QUEUE = "matrix"
 STORE_DB = 8
 MAIN_DB, TWIN_A_DB, TWIN_B_DB, EVENTS_DB = 0, 1, 2, 3
 BROKER_DBS = (MAIN_DB, TWIN_A_DB, TWIN_B_DB, EVENTS_DB)
-DEADLINE_S = 90 + 3 * N  # from the first submission until every task is final
+EXTRA_TASK_S = 20  # configure_worker's time-limit slack: the soft limit is max_call_s + this
+# From the first submission until every task is final: a lost run's task comes back one
+# visibility timeout (which grows with the slack) after the fault.
+DEADLINE_S = 90 + 3 * N + EXTRA_TASK_S
 MAIN_CONCURRENCY = soak.size(ci=4, soak=8)  # the worker that runs most rows
 PLAIN_ROLES = frozenset({"follow", "echo", "collect"})  # matrix_app's ungoverned tasks
 QUIET_S = 8.0  # nothing queued, unacknowledged or parked this long: unfinished tasks are lost
 SETTLE_S = 1.5  # after the last task is final: time for a late duplicate to show
 FINAL = {"SUCCESS", "FAILURE", "REVOKED"}
-WORKER_SETTINGS = {"MATRIX_EXTRA_TASK_S": "3", "MATRIX_VISIBILITY_MARGIN_S": "2"}
+WORKER_SETTINGS = {"MATRIX_EXTRA_TASK_S": str(EXTRA_TASK_S), "MATRIX_VISIBILITY_MARGIN_S": "2"}
 
 FEATURES = (
     "plain",

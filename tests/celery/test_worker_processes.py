@@ -118,7 +118,16 @@ def test_an_interrupted_call_releases_its_permit_and_the_worker_goes_on(
         if stop == "revoke":
             time.sleep(0.5)
             app.control.revoke(result.id, terminate=True, signal="SIGUSR1")
-        expected = SoftTimeLimitExceeded if stop == "soft_time_limit" else TaskRevokedError
+        # ``revoke(terminate=True, signal="SIGUSR1")`` raises SoftTimeLimitExceeded in the
+        # pool process while the main process stores REVOKED: whichever state reaches the
+        # backend first is the outcome (the child's, when the main process is slow to be
+        # scheduled). The task's own soft limit is minutes away, so within 30 s either
+        # one can only come from the revoke.
+        expected: Any = (
+            SoftTimeLimitExceeded
+            if stop == "soft_time_limit"
+            else (TaskRevokedError, SoftTimeLimitExceeded)
+        )
         with pytest.raises(expected):
             result.get(timeout=30)
         assert permits_in_use(redis_url, prefix, "slow") == 0
