@@ -16,6 +16,7 @@ from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
 from polygate_celery.governance.lease import LeaseRenewer
 from polygate_celery.governance.loop import CallResult, GovernedCall, Runtime
+from polygate_celery.governance.places import PlaceKeeper
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
 from polygate_celery.sources.factory import sources_from_config
@@ -80,6 +81,7 @@ class Gateway:
             telemetry=Telemetry(hooks),
             sources=dict(sources),
             leases=LeaseRenewer(self.store, self.clock),
+            places=PlaceKeeper(self.store, self.clock),
             scope_gate=scope_gate,
         )
 
@@ -146,10 +148,11 @@ class Gateway:
         )
 
     async def aclose(self) -> None:
-        """Stop renewing leases and close the clients of the sources built from the
-        configuration on this event loop, and the store it built (call after the last
-        call has ended)."""
+        """Stop renewing leases and keeping places; close the clients of the sources built
+        from the configuration on this event loop, and the store it built (call after the
+        last call has ended)."""
         await self._runtime.leases.aclose()
+        await self._runtime.places.aclose()
         if self._owns_store:
             close_store = getattr(self.store, "aclose", None)
             if close_store is not None:

@@ -64,6 +64,7 @@ from polygate_celery.core.breaker import Effect, effect_of
 from polygate_celery.core.outcome import AttemptRecord, Outcome, OutcomeKind
 from polygate_celery.core.selection import preference_order
 from polygate_celery.core.stall import StallClock, is_stalled
+from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import (
     AllSourcesExhausted,
     ExhaustedReason,
@@ -71,6 +72,7 @@ from polygate_celery.errors import (
     SourceFatalError,
 )
 from polygate_celery.governance.lease import LeaseRenewer
+from polygate_celery.governance.places import Place, PlaceKeeper
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
 from polygate_celery.store.base import (
@@ -145,6 +147,7 @@ class Runtime:
     telemetry: Telemetry
     sources: Mapping[str, Source]
     leases: LeaseRenewer
+    places: PlaceKeeper
     scope_gate: bool = False
 
 
@@ -234,7 +237,7 @@ class GovernedCall:
                     self.booked = self.booked or admission.booked_in_s is not None
                     if admission.gated_for_s is not None:
                         self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
-                    await self._on_no_runnable(admission, released)
+                    await self._on_no_runnable(admission, released, candidates)
                     continue
             self.stay_on = self.hold_on = None  # one attempt each
             self.refused = self.booked = False
@@ -284,7 +287,9 @@ class GovernedCall:
 
     # -- waiting -----------------------------------------------------------------
 
-    async def _on_no_runnable(self, denial: Denial, released: ReleaseWatch) -> None:
+    async def _on_no_runnable(
+        self, denial: Denial, released: ReleaseWatch, candidates: Sequence[SourceTerms]
+    ) -> None:
         reopen_in_s = self._sane_hint(denial.reopen_in_s)
         self.reopen_at = None if reopen_in_s is None else self.rt.clock.now() + reopen_in_s
         self.reopen_is_reset = reopen_in_s is not None and all(
@@ -293,11 +298,39 @@ class GovernedCall:
         if self.fail_fast:
             raise self._exhausted("fail_fast")
         await self._raise_if_stalled()
+        if self._queued_everywhere(denial, candidates):
+            await self._wait_in_queue(denial, released, candidates)
+            return
         if denial.booked_in_s is not None:  # a quota's slot is booked: ask again then
             delay = denial.booked_in_s
         else:
             delay = self.plan.poll_interval_s * jitter(self.rt.random())
         await self._wait("no_runnable", delay, released, denial)
+
+    def _queued_everywhere(self, denial: Denial, candidates: Sequence[SourceTerms]) -> bool:
+        """Whether the denial put this call in the queue of every candidate: each refused
+        it for capacity alone (see `AdmitRequest.claim_s`)."""
+        return (
+            self.plan.claim_s > 0
+            and denial.gated_for_s is None
+            and denial.booked_in_s is None
+            and len(denial.blocked) == len(candidates)
+            and all(reason == "at_capacity" for _, reason in denial.blocked)
+        )
+
+    async def _wait_in_queue(
+        self, denial: Denial, released: ReleaseWatch, candidates: Sequence[SourceTerms]
+    ) -> None:
+        """Wait in the candidates' queues until a release hands this call a permit, or its
+        place is lost (`places`): each poll checks only the stall verdict and the deadline,
+        and the store is not asked for a permit again meanwhile."""
+        with self.rt.places.hold(candidates, self.call_id, self.plan.claim_s) as place:
+            while True:
+                delay = self.plan.poll_interval_s * jitter(self.rt.random())
+                woken = await self._wait("no_runnable", delay, released, denial, place)
+                if woken or place.lost.is_set() or self.rt.clock.now() >= self.deadline:
+                    return
+                await self._raise_if_stalled()
 
     def _booking_horizon_s(self, now: float) -> float:
         """How far ahead this call may book a quota's slot (`AdmitRequest.book_within_s`):
@@ -321,14 +354,18 @@ class GovernedCall:
         delay: float,
         released: ReleaseWatch | None = None,
         denial: Denial | None = None,
-    ) -> None:
-        """Sleep `delay` (cut to the deadline); a poll also ends when a permit is released."""
+        place: Place | None = None,
+    ) -> bool:
+        """Sleep `delay` (cut to the deadline); a poll also ends when a permit is released
+        (or `place` is lost). Returns whether it ended before the delay."""
         started = self.rt.clock.now()
         delay = min(delay, self.deadline - started)
         if delay <= 0:
-            return
+            return False
+        woken = False
         if released is not None:
-            await within(self.rt.clock, delay, released.wait())
+            awaited = released.wait() if place is None else place.lost_or(released.wait())
+            woken, _ = await within(self.rt.clock, delay, awaited)
         else:
             await self.rt.clock.sleep(delay)
         if self.rt.telemetry.active:
@@ -341,6 +378,7 @@ class GovernedCall:
                     blocked=denial.blocked if denial else (),
                 )
             )
+        return woken
 
     # -- attempting --------------------------------------------------------------
 

@@ -193,6 +193,19 @@ class Store(Protocol):
         """
         ...
 
+    async def keep_places(self, places: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
+        """Renew the claims of waiting calls on their places in the sources' queues, in
+        one operation: ``(source, call id, claim_s)`` each (see `AdmitRequest`).
+
+        Returns, per place, whether the call still waits there, its claim now ending
+        `claim_s` from now (False: a release handed it a permit, or its claim ended;
+        it asks again). A source of these places that can run a call while its queue
+        is not empty (a holder's lease expired, a pause ended since the last release)
+        hands a permit to the first live waiter, as a release does, so waiters that
+        keep their places need not ask again to notice.
+        """
+        ...
+
     async def progress_age_s(self, scope: str) -> float:
         """Seconds since the scope's last success, in the store's clock; ``inf`` if none."""
         ...

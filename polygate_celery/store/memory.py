@@ -463,13 +463,18 @@ class MemoryStore:
     def _hand_on(self, name: str, state: _SourceState, now: float) -> None:
         """A permit of `name` is free: hand it to the first live waiter, else wake a watch
         of a caller that does not queue."""
+        if not self._hand_to_waiter(name, state, now):
+            self._releases.released(name)
+
+    def _hand_to_waiter(self, name: str, state: _SourceState, now: float) -> bool:
+        """Hand a free permit of `name` to its first live waiter, if any."""
         head = state.first_live_waiter(now)
         if head is None:
-            self._releases.released(name)
-            return
+            return False
         call_id, claim_s = head
         state.handed[call_id] = now + claim_s
         self._releases.wake_call(call_id, name)
+        return True
 
     async def progress_age_s(self, scope: str) -> float:
         marked = self._progress.get(scope)
@@ -524,6 +529,30 @@ class MemoryStore:
 
     def watch_releases(self, sources: Sequence[str], call_id: str = "") -> Watch:
         return self._releases.watch(sources, call_id)
+
+    async def keep_places(self, places: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
+        now = self._clock.now()
+        kept: list[bool] = []
+        full_only: dict[str, tuple[SourceTerms, _SourceState]] = {}
+        for terms, call_id, claim_s in places:
+            state = self._source(terms)
+            breaker = state.breaker
+            merely_full = (
+                breaker.mode == "closed" and breaker.probe is None and state.paused_until <= now
+            )
+            place = state.queue.get(call_id) if merely_full else None
+            if place is not None and place[0] > now:
+                state.queue[call_id] = (now + claim_s, claim_s)  # (a dict keeps its order)
+            else:
+                place = None
+            kept.append(place is not None)
+            if merely_full:
+                full_only[terms.name] = (terms, state)
+        for name, (terms, state) in full_only.items():
+            while state.in_use(now) < self._limit(state, terms):
+                if not self._hand_to_waiter(name, state, now):
+                    break
+        return kept
 
     async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
         """Permits here carry no lease (one is held until settled): report which are held."""

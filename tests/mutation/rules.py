@@ -76,6 +76,33 @@ MUTATIONS = (
         ("tests/integration/test_fleet_wakeups.py",),
     ),
     Mutation(
+        "queued-keeps-place",
+        "a call queued at every candidate waits there, refused once, not at each poll",
+        "polygate_celery/governance/loop.py",
+        "        return (\n            self.plan.claim_s > 0\n",
+        "        return False and (\n            self.plan.claim_s > 0\n",
+        (
+            "tests/unit/governance/test_waits_and_verdicts.py",
+            "tests/integration/test_fleet_wakeups.py",
+        ),
+    ),
+    Mutation(
+        "keep-hands-on",
+        "keeping places hands a permit freed without a release to the first waiter (Redis)",
+        "polygate_celery/store/redis/lua/keep.lua",
+        "while in_use < permits and hand_on(",
+        "while false and hand_on(",
+        ("tests/unit/store/test_store_contract_places.py",),
+    ),
+    Mutation(
+        "keep-merely-full",
+        "a place is kept only while its source is merely full, not paused or broken (Redis)",
+        "polygate_celery/store/redis/lua/keep.lua",
+        "local full_only = (st[1] or 'closed') == 'closed' and not st[2]",
+        "local full_only = true or not st[2]",
+        ("tests/unit/store/test_store_contract_places.py",),
+    ),
+    Mutation(
         "arrival-margin",
         "a quota bucket charges an admission as arriving ARRIVAL_MARGIN_S late (Redis)",
         "polygate_celery/store/redis/lua/admit.lua",

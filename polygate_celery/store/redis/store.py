@@ -63,7 +63,7 @@ logger = logging.getLogger("polygate_celery")
 
 PROGRESS_TTL_S = 3600.0
 _COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
-_SCRIPTS = ("admit", "settle", "renew", "progress", "source", "gate", "quota")
+_SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "quota")
 # Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
 # for a connection made on another event loop); cancellation passes through.
 _BACKEND_ERRORS = (Exception,)
@@ -280,6 +280,44 @@ class RedisStore:
             for i, answer in zip(batch, answers, strict=True):
                 held[i] = answer
         return held
+
+    async def keep_places(self, places: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
+        """One script per hash tag among the places' sources, as `renew`."""
+        by_tag: dict[str, dict[SourceTerms, list[int]]] = {}
+        for i, (terms, _, _) in enumerate(places):
+            permits = self.keys.permits(terms.name)
+            tag = by_tag.setdefault(permits[: permits.index("}") + 1], {})
+            tag.setdefault(terms, []).append(i)
+        kept = [False] * len(places)
+        for sources in by_tag.values():
+            keys: list[str] = []
+            args: list[str | int | float] = [self._now(), self._origin, self.keys.wake]
+            order: list[int] = []
+            for terms, indices in sources.items():
+                name = terms.name
+                keys += [
+                    self.keys.permits(name),
+                    self.keys.state(name),
+                    self.keys.queue(name),
+                    self.keys.alive(name),
+                ]
+                args += [name, terms.max_concurrency, terms.aimd.initial_limit or 0, len(indices)]
+                for i in indices:
+                    args += [places[i][1], _fmt(places[i][2])]
+                order += indices
+            reply = await self._run("keep", keys, args)
+            try:
+                flags = [int(x) == 1 for x in reply[: len(order)]]
+                woken = reply[len(order) :]
+                for call_id, source in zip(woken[::2], woken[1::2], strict=True):
+                    self._releases.wake_call(str(call_id), str(source))
+            except _REPLY_ERRORS as exc:
+                raise GovernanceBackendError(f"keep: unexpected reply {reply!r}") from exc
+            if len(flags) != len(order):
+                raise GovernanceBackendError(f"keep: unexpected reply {reply!r}")
+            for i, flag in zip(order, flags, strict=True):
+                kept[i] = flag
+        return kept
 
     async def progress_age_s(self, scope: str) -> float:
         reply = await self._run(
@@ -617,8 +655,19 @@ def _lua(name: str) -> str:
 
 
 def lua_text(package: str, name: str) -> str:
-    """The text of `lua/<name>.lua` in `package` (package data)."""
-    return resources.files(package).joinpath(f"lua/{name}.lua").read_text()
+    """The text of `lua/<name>.lua` in `package` (package data), each line
+    ``-- include: <other>`` replaced by the text of `lua/<other>.lua` (functions
+    several scripts share)."""
+    text = resources.files(package).joinpath(f"lua/{name}.lua").read_text()
+    return "".join(
+        lua_text(package, line.removeprefix(_INCLUDE).strip())
+        if line.startswith(_INCLUDE)
+        else line
+        for line in text.splitlines(keepends=True)
+    )
+
+
+_INCLUDE = "-- include: "
 
 
 async def run_script(

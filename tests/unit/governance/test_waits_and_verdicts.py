@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from polygate_celery import AllSourcesExhausted, ConfigError, Gateway, Store
+from polygate_celery.store import AdmitRequest, Denial, Grant
 from polygate_celery.telemetry import WaitEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config, until
@@ -280,3 +281,32 @@ async def test_a_verdict_waiting_for_a_breaker_is_only_an_estimate(
 
     assert (caught.value.reason, caught.value.rate_limited) == ("stalled", False)
     assert caught.value.retry_after_s > 10  # the cooldown's end: a probe, not a reset
+
+
+async def test_a_call_queued_for_capacity_does_not_ask_again_at_each_poll(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused for capacity alone, B waits in the queue: its polls check the stall verdict
+    only, the gateway keeps its place, and it asks again once handed the permit."""
+    source = ScriptedSource(clock, [steps.ok("A", duration_s=30), steps.ok("B")])
+    config = make_config("chat", {"a": {"max_concurrency": 1}}, poll_interval_s=1)
+    recorder = Recorder()
+    gw = gateway(config, {"a": source}, hooks=[recorder])
+    answers: list[str] = []
+    admit = store.admit
+
+    async def counted(request: AdmitRequest) -> Grant | Denial:
+        answer = await admit(request)
+        answers.append(type(answer).__name__)
+        return answer
+
+    monkeypatch.setattr(store, "admit", counted)
+    first = asyncio.ensure_future(gw.call("s", "A"))
+    await until(lambda: source.attempts == 1)
+    second = await gw.call("s", "B")
+    await first
+
+    assert second.attempts[0].started_s == 30.0
+    assert answers == ["Grant", "Denial", "Grant"]
+    polls = [e for e in recorder.of(WaitEvent) if e.cause == "no_runnable"]
+    assert len(polls) >= 30  # each a stall check

@@ -88,29 +88,7 @@ local function charge(waits, tat, now, cost, limit)
   return new_tat
 end
 
--- The first live waiter of a queue gets the permit just freed: it is held for the
--- waiter until its claim ends, and the waiter's process is told (one message), or,
--- when it is the caller's own process, named in the reply (`local_wakes`).
-local function hand_on(pkey, queue, alive, now, channel, name, own_origin, local_wakes)
-  while true do
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    if not head then return end
-    local claim_end = tonumber(redis.call('ZSCORE', alive, head) or '-1e300')
-    redis.call('ZREM', queue, head)
-    redis.call('ZREM', alive, head)
-    if claim_end > now then
-      local origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
-      redis.call('ZADD', pkey, now + tonumber(claim), '~' .. call)
-      if origin == own_origin then
-        local_wakes[#local_wakes + 1] = call
-        local_wakes[#local_wakes + 1] = name
-      else
-        redis.call('PUBLISH', channel .. origin, call .. ' ' .. name)
-      end
-      return
-    end
-  end
-end
+-- include: handover
 
 local now
 if ARGV[1] ~= '' then
