@@ -48,6 +48,15 @@ class ReleaseHub:
                 watch.wake(source, handed=True)
                 return
 
+    def wake_queued(self) -> None:
+        """Wake every watch of a queued call (one with a call id) not woken yet: each asks
+        again, and one a release handed a permit finds it. For the moment this process
+        begins to hear hand-overs: one sent before could not be heard."""
+        for watches in list(self._watches.values()):
+            for watch in list(watches):
+                if watch.call_id and watch.woken_by is None:
+                    watch.wake(watch.sources[0])
+
     def waiting(self, source: str) -> int:
         """Watches of `source` not yet woken (for tests and status views)."""
         return sum(1 for w in self._watches.get(source, ()) if w.woken_by is None)

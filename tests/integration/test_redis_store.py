@@ -116,3 +116,27 @@ async def test_a_connection_the_server_closed_is_replaced_before_the_next_call(
     await store.client.script_flush()  # and the scripts are loaded again on that path
     assert isinstance(await store.admit(AdmitRequest("s", (TERMS,), "q")), Grant)
     await store.aclose()
+
+
+async def test_a_hand_over_sent_before_the_waiters_process_listens_is_not_lost(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """A process subscribes to its wake-ups when a call of its first waits. A permit
+    another process hands that call before the subscription is confirmed is announced
+    to nobody; once subscribed, the process wakes its queued calls to ask again."""
+    one = SourceTerms("one", 1)
+    waiting = RedisStore.from_url(redis_url, prefix=fleet_prefix)
+    releasing = RedisStore.from_url(redis_url, prefix=fleet_prefix)
+    held = await releasing.admit(AdmitRequest("s", (one,), "held"))
+    assert isinstance(held, Grant)
+    with waiting.watch_releases(["one"], "w") as watch:
+        queue = AdmitRequest("s", (one,), "p", call_id="w", claim_s=30.0, queued=False)
+        assert not isinstance(await waiting.admit(queue), Grant)  # queued; listening begins
+        # at once, in the same turn of the loop: the listener has not subscribed yet
+        settled = releasing.settle(Settlement("s", one, "held", held.admitted_at, Effect.SUCCESS))
+        await settled
+        await asyncio.wait_for(watch.wait(), 10)  # no poll here: woken by the subscription
+    again = AdmitRequest("s", (one,), "p", call_id="w", claim_s=30.0)
+    assert isinstance(await waiting.admit(again), Grant)
+    await waiting.aclose()
+    await releasing.aclose()

@@ -506,8 +506,9 @@ class RedisStore:
         """Subscribe to this process's wake-up channel, from the first time a caller here
         waits (a process whose calls never wait never subscribes).
 
-        A message sent before the subscription is lost, not the permit: it stays
-        handed to its waiter until the waiter's next poll (its claim outlasts one).
+        A message sent before the subscription is lost, not the permit: once the
+        subscription is confirmed (and again after each reconnection), every queued
+        call here is woken to ask again, and one handed a permit finds it.
         """
         if not self._closed and (self._listener is None or self._listener.done()):
             self._listener = asyncio.get_running_loop().create_task(self._listen())
@@ -531,10 +532,13 @@ class RedisStore:
                         quiet_s = 0.0
                         if message.get("type") == "message":
                             self._on_released(str(message.get("data", "")))
+                        elif message.get("type") == "subscribe":  # heard from now on
+                            self._releases.wake_queued()
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # Waking early is an optimisation: every waiter still polls.
+                # Waking early is an optimisation: a hand-over missed meanwhile is
+                # found when its waiter's place is next kept (governance.places).
                 logger.debug("release listener lost its connection; retrying", exc_info=True)
                 attempt += 1
                 await asyncio.sleep(1.0)
@@ -544,13 +548,13 @@ class RedisStore:
         """A pub/sub connection: the client's own (a server, Sentinel's current master),
         or on a cluster one node's, the next node after each failure."""
         if not isinstance(self._client, RedisCluster):
-            async with self._client.pubsub(ignore_subscribe_messages=True) as pubsub:
+            async with self._client.pubsub() as pubsub:
                 yield pubsub
             return
         if self._cold:
             await self._warm()
         node = cluster_node_client(self._client, attempt)
-        async with node, node.pubsub(ignore_subscribe_messages=True) as pubsub:
+        async with node, node.pubsub() as pubsub:
             yield pubsub
 
     def _on_released(self, data: str) -> None:
