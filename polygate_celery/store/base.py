@@ -198,11 +198,11 @@ class Store(Protocol):
         one operation: ``(source, call id, claim_s)`` each (see `AdmitRequest`).
 
         Returns, per place, whether the call still waits there, its claim now ending
-        `claim_s` from now (False: a release handed it a permit, or its claim ended;
-        it asks again). A source of these places that can run a call while its queue
-        is not empty (a holder's lease expired, a pause ended since the last release)
-        hands a permit to the first live waiter, as a release does, so waiters that
-        keep their places need not ask again to notice.
+        `claim_s` from now (False: a release handed it a permit, or passed it over
+        after its claim ran out; it asks again). A source of these places that can
+        run a call while its queue is not empty (a holder's lease expired, a pause
+        ended since the last release) hands a permit to the first live waiter, as a
+        release does, so waiters that keep their places need not ask again to notice.
         """
         ...
 

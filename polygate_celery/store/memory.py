@@ -541,10 +541,8 @@ class MemoryStore:
                 breaker.mode == "closed" and breaker.probe is None and state.paused_until <= now
             )
             place = state.queue.get(call_id) if merely_full else None
-            if place is not None and place[0] > now:
-                state.queue[call_id] = (now + claim_s, claim_s)  # (a dict keeps its order)
-            else:
-                place = None
+            if place is not None:  # (still there: not passed over, even if its claim ran out)
+                state.queue[call_id] = (max(place[0], now + claim_s), claim_s)  # (order kept)
             kept.append(place is not None)
             if merely_full:
                 full_only[terms.name] = (terms, state)

@@ -48,14 +48,22 @@ class ReleaseHub:
                 watch.wake(source, handed=True)
                 return
 
-    def wake_queued(self) -> None:
-        """Wake every watch of a queued call (one with a call id) not woken yet: each asks
-        again, and one a release handed a permit finds it. For the moment this process
-        begins to hear hand-overs: one sent before could not be heard."""
-        for watches in list(self._watches.values()):
-            for watch in list(watches):
-                if watch.call_id and watch.woken_by is None:
-                    watch.wake(watch.sources[0])
+    def note_queued(self, call_id: str) -> None:
+        """The call `call_id` was just queued for a permit (refused for capacity)."""
+        for watches in self._watches.values():
+            for watch in watches:
+                if watch.call_id == call_id:
+                    watch.queued = True
+
+    def queued_calls(self) -> dict[str, list[str]]:
+        """The calls waiting in a queue and not woken yet, by source (for a process that
+        begins to hear hand-overs: one sent before could not be heard)."""
+        calls: dict[str, list[str]] = {}
+        for source, watches in self._watches.items():
+            for watch in watches:
+                if watch.queued and watch.woken_by is None:
+                    calls.setdefault(source, []).append(watch.call_id)
+        return calls
 
     def waiting(self, source: str) -> int:
         """Watches of `source` not yet woken (for tests and status views)."""
@@ -77,6 +85,7 @@ class Watch:
         self.sources = sources
         self.call_id = call_id
         self.woken_by: str | None = None
+        self.queued = False  # its call waits in a queue (see `ReleaseHub.note_queued`)
         self._handed = False
         self._hub = hub
         self._event = asyncio.Event()

@@ -227,6 +227,8 @@ class RedisStore:
             reasons: list[tuple[str, BlockReason]] = [
                 (str(name), reason) for name, reason in zip(named[::2], named[1::2], strict=True)
             ]
+            if waits != b"0" and any(reason == "at_capacity" for _, reason in reasons):
+                self._releases.note_queued(request.call_id)
             return Denial(
                 float(reply[1]) if reply[1] else None,
                 tuple(reasons),
@@ -507,8 +509,8 @@ class RedisStore:
         waits (a process whose calls never wait never subscribes).
 
         A message sent before the subscription is lost, not the permit: once the
-        subscription is confirmed (and again after each reconnection), every queued
-        call here is woken to ask again, and one handed a permit finds it.
+        subscription is confirmed (and again after each reconnection), the queued
+        calls here that were handed a permit meanwhile are woken (`_wake_handed`).
         """
         if not self._closed and (self._listener is None or self._listener.done()):
             self._listener = asyncio.get_running_loop().create_task(self._listen())
@@ -533,7 +535,7 @@ class RedisStore:
                         if message.get("type") == "message":
                             self._on_released(str(message.get("data", "")))
                         elif message.get("type") == "subscribe":  # heard from now on
-                            self._releases.wake_queued()
+                            await self._wake_handed()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -542,6 +544,19 @@ class RedisStore:
                 logger.debug("release listener lost its connection; retrying", exc_info=True)
                 attempt += 1
                 await asyncio.sleep(1.0)
+
+    async def _wake_handed(self) -> None:
+        """Wake the queued calls here that a release handed a permit to (one command per
+        source); a failure is left to the keeping of their places."""
+        try:
+            for source, calls in self._releases.queued_calls().items():
+                handed = [f"~{call}" for call in calls]
+                scores = await self.client.zmscore(self.keys.permits(source), handed)
+                for call, score in zip(calls, scores, strict=True):
+                    if score is not None:
+                        self._releases.wake_call(call, source)
+        except _BACKEND_ERRORS:
+            logger.debug("looking for permits handed before listening failed", exc_info=True)
 
     @contextlib.asynccontextmanager
     async def _subscription(self, attempt: int) -> AsyncIterator[PubSub]:

@@ -36,11 +36,24 @@ async def test_a_kept_place_outlives_its_first_claim(h: Harness) -> None:
     await h.grant(ONE, waiter="kept")
 
 
-async def test_a_place_whose_claim_ended_is_not_kept(h: Harness) -> None:
-    await h.grant(ONE)
+async def test_a_place_passed_over_is_not_kept(h: Harness) -> None:
+    """A claim that ran out is renewed while nobody passed it over (its caller lives: the
+    renewal came late); once a release passed it over, the place is gone."""
+    held = await h.grant(ONE)
     await h.deny(ONE, waiter="late", claim_s=CLAIM_S)
+    await h.deny(ONE, waiter="gone", claim_s=CLAIM_S)
+    await h.deny(ONE, waiter="next", claim_s=CLAIM_S)
     h.clock.advance(CLAIM_S + 0.5)
-    assert await h.store.keep_places([(ONE, "late", CLAIM_S)]) == [False]
+    assert await h.store.keep_places([(ONE, "late", CLAIM_S)]) == [True]
+    h.clock.advance(0.5)
+    assert await h.store.keep_places([(ONE, "next", CLAIM_S)]) == [True]
+    with h.store.watch_releases(["one"], "next") as watch:
+        await h.settle(held, ONE)  # "late" is first: handed the permit
+        assert await h.store.keep_places([(ONE, "late", CLAIM_S)]) == [False]
+        await h.settle(await h.grant(ONE, waiter="late"), ONE)  # "gone"'s claim ran out
+        await h.turns()
+        assert watch.woken_by == "one"  # "gone" was passed over
+    assert await h.store.keep_places([(ONE, "gone", CLAIM_S)]) == [False]
     assert await h.store.keep_places([(ONE, "never-queued", CLAIM_S)]) == [False]
 
 

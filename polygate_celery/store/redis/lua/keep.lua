@@ -16,9 +16,10 @@
 --          k (its places), then k pairs: call id, claim seconds as the call's admit
 --          sent them (the waiter is "<origin> <call id> <claim s>")
 -- Returns  {kept_1, ..., kept_m, call, name, ...}: per place in order, 1 if its claim
---          was renewed, 0 if the call no longer waits there alive (handed a permit,
---          its claim ended, or the source is not merely full); then each call of the
---          caller's process handed a permit here, with the source's name
+--          was renewed, 0 if the call no longer waits there (handed a permit, or passed
+--          over by a release after its claim ran out) or the source is not merely full;
+--          then each call of the caller's process handed a permit here, with its source
+-- Commands: Redis 6.2 or later (ZADD GT).
 -- Time: Redis TIME unless ARGV[1] is given.
 
 -- include: handover
@@ -43,13 +44,11 @@ for i = 1, #KEYS / 4 do
     and tonumber(st[4] or '-1e300') <= now
   for _ = 1, k do
     local waiter = origin .. ' ' .. ARGV[a] .. ' ' .. ARGV[a + 1]
-    local claim_end = full_only and redis.call('ZSCORE', alive, waiter)
-    if claim_end and tonumber(claim_end) > now then
-      redis.call('ZADD', alive, now + tonumber(ARGV[a + 1]), waiter)
-      kept[#kept + 1] = 1
-    else
-      kept[#kept + 1] = 0
-    end
+    -- (XX: a waiter no longer there is not added back; a claim that ran out while its
+    -- caller lives is renewed, unless a release passed it over meanwhile)
+    kept[#kept + 1] = full_only
+      and redis.call('ZADD', alive, 'XX', 'GT', 'CH', now + tonumber(ARGV[a + 1]), waiter)
+      or 0
     a = a + 2
   end
   if full_only then
