@@ -319,8 +319,7 @@ def test_a_deferred_task_emits_a_deferral_event_then_succeeds_once(
             stop = threading.Event()
             listener = threading.Thread(target=_listen, args=(events, ready, stop), daemon=True)
             listener.start()
-            assert ready.wait(10)
-            time.sleep(0.5)  # subscribed to the event exchange
+            _until_subscribed(ready)
             pause(runtime, "main", DEFER_PAUSE_S)
             result = ask.delay("monitored")
             assert result.get(timeout=30) == "fine"
@@ -344,10 +343,26 @@ def test_a_deferred_task_emits_a_deferral_event_then_succeeds_once(
     assert [s["task_id"] for s in signalled] == [result.id] * len(deferred)
 
 
+def _until_subscribed(ready: threading.Event) -> None:
+    """Send probe events until the listener has heard one: events on Redis are pub/sub
+    messages, and one sent before the listener subscribed is heard by nobody (on a busy
+    machine the subscription came more than half a second after the listener began)."""
+    with app.events.default_dispatcher() as dispatcher:
+        deadline = time.monotonic() + 30
+        while not ready.wait(0.2):
+            assert time.monotonic() < deadline, "the event listener never subscribed"
+            dispatcher.send("polygate-probe")
+
+
 def _listen(events: list[dict[str, Any]], ready: threading.Event, stop: threading.Event) -> None:
+    def heard(event: dict[str, Any]) -> None:
+        if event.get("type") == "polygate-probe":
+            ready.set()
+        else:
+            events.append(event)
+
     with app.connection_for_read() as connection:
-        receiver = app.events.Receiver(connection, handlers={"*": events.append})
-        ready.set()
+        receiver = app.events.Receiver(connection, handlers={"*": heard})
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 for _ in receiver.itercapture(limit=None, timeout=0.5, wakeup=False):
