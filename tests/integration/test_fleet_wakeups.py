@@ -157,6 +157,38 @@ async def test_waiters_of_different_processes_are_served_in_arrival_order(
         await client.aclose()
 
 
+async def test_a_release_wakes_the_waiter_of_another_process_at_once(
+    redis_url: str, fleet_prefix: str, figures: Figures
+) -> None:
+    """The waiter polls a minute apart (its place kept every 40 s): it is served as soon
+    as the release hands it the permit, because the message to its process wakes it."""
+    order_key, hold_key = f"{fleet_prefix}:order", f"{fleet_prefix}:hold"
+    keys = KeySpace(fleet_prefix)
+    client = redis_client(redis_url, socket_timeout_s=30)
+    holder = await _holder(redis_url, fleet_prefix, order_key, hold_key)
+    try:
+        spec = {**_waiter_spec(redis_url, fleet_prefix, order_key, "next"), "poll_interval_s": 60}
+        waiter = await spawn_worker(spec)
+        await _queued(client, keys.queue("w"), 1)
+        end = time.monotonic() + 60
+        while not await client.pubsub_channels(keys.wake + "*"):  # its process listens
+            assert time.monotonic() < end, "the waiter's process never subscribed"
+            await asyncio.sleep(0.02)
+        released = time.monotonic()
+        await client.rpush(hold_key, "go")
+        while await client.llen(order_key) < 2:
+            assert time.monotonic() - released < 20, "the waiter was not woken by the release"
+            await asyncio.sleep(0.02)
+        waited = time.monotonic() - released
+        assert [r["outcomes"] for r in [await result_of(holder), await result_of(waiter)]] == [
+            {"success": 1},
+            {"success": 1},
+        ]
+        figures(f"a waiter of another process: granted {waited:.2f} s after the release")
+    finally:
+        await client.aclose()
+
+
 async def test_a_killed_waiter_delays_the_next_grant_by_its_claim_at_most(
     redis_url: str, fleet_prefix: str, figures: Figures
 ) -> None:

@@ -63,6 +63,7 @@ async def test_a_call_handed_a_permit_is_told_to_ask_again(h: Harness) -> None:
     held = await h.grant(ONE)
     await h.deny(ONE, waiter="w", claim_s=CLAIM_S)
     await h.settle(held, ONE)  # handed to "w"
+    h.clock.advance(0.5)
     assert await h.store.keep_places([(ONE, "w", CLAIM_S)]) == [False]
     await h.grant(ONE, waiter="w")
 
@@ -73,12 +74,14 @@ async def test_places_at_a_paused_or_broken_source_are_not_kept(h: Harness) -> N
     held = await h.grant(ONE)
     await h.deny(ONE, waiter="w", claim_s=CLAIM_S)
     await h.store.pause_source("one", 10.0)
+    h.clock.advance(0.5)  # (a renewal in the same instant would change nothing)
     assert await h.store.keep_places([(ONE, "w", CLAIM_S)]) == [False]
     await h.settle(held, ONE)
 
     failing = await h.grant(brittle)
     await h.deny(brittle, waiter="v", claim_s=CLAIM_S)
     await h.settle(failing, brittle, Effect.FAILURE)  # the breaker opens
+    h.clock.advance(0.5)
     assert await h.store.keep_places([(brittle, "v", CLAIM_S)]) == [False]
 
 
