@@ -82,6 +82,18 @@ def _cluster_refusal(exc: Exception, client: AsyncClient) -> bool:
     return isinstance(exc, MovedError | AskError) or "not allowed in cluster mode" in str(exc)
 
 
+def _flags(reply: Any, n: int, name: str, *, followed: bool = False) -> list[bool]:
+    """The first `n` items of a script's reply, each 1 or 0, as booleans; the reply holds
+    exactly those unless `followed` (more items after them)."""
+    try:
+        flags = [int(x) == 1 for x in reply[:n]]
+    except _REPLY_ERRORS as exc:
+        raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}") from exc
+    if len(flags) != n or (not followed and len(reply) != n):
+        raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}")
+    return flags
+
+
 def _fmt(x: float) -> str:
     return repr(float(x))
 
@@ -273,13 +285,7 @@ class RedisStore:
             for i in batch:
                 args += [leases[i][1], _fmt(leases[i][2])]
             reply = await self._run("renew", [keys[i] for i in batch], args)
-            try:
-                answers = [int(x) == 1 for x in reply]
-            except _REPLY_ERRORS as exc:
-                raise GovernanceBackendError(f"renew: unexpected reply {reply!r}") from exc
-            if len(answers) != len(batch):
-                raise GovernanceBackendError(f"renew: unexpected reply {reply!r}")
-            for i, answer in zip(batch, answers, strict=True):
+            for i, answer in zip(batch, _flags(reply, len(batch), "renew"), strict=True):
                 held[i] = answer
         return held
 
@@ -308,15 +314,12 @@ class RedisStore:
                     args += [places[i][1], _fmt(places[i][2])]
                 order += indices
             reply = await self._run("keep", keys, args)
-            try:
-                flags = [int(x) == 1 for x in reply[: len(order)]]
-                woken = reply[len(order) :]
-                for call_id, source in zip(woken[::2], woken[1::2], strict=True):
-                    self._releases.wake_call(str(call_id), str(source))
-            except _REPLY_ERRORS as exc:
-                raise GovernanceBackendError(f"keep: unexpected reply {reply!r}") from exc
-            if len(flags) != len(order):
+            flags = _flags(reply, len(order), "keep", followed=True)
+            woken = reply[len(order) :]
+            if len(woken) % 2:
                 raise GovernanceBackendError(f"keep: unexpected reply {reply!r}")
+            for call_id, source in zip(woken[::2], woken[1::2], strict=True):
+                self._releases.wake_call(str(call_id), str(source))
             for i, flag in zip(order, flags, strict=True):
                 kept[i] = flag
         return kept
