@@ -189,6 +189,53 @@ then killed under 1,000 tasks) | rows only from runs whose tests passed | `make 
 `benchmarks/results/mutations.md` |"""
 
 
+def memory() -> str:
+    """The key layout's table of measured sizes, and what an entity costs, from the
+    store benchmark's MEMORY USAGE table."""
+    text = (RESULTS / "redis_store.md").read_text(encoding="utf-8")
+    rows = table_rows(text, "## Memory").items()
+    size = {key.strip("`"): int(cells[0]) for key, cells in rows if cells[0].isdigit()}
+
+    def entry(prefix: str) -> int:
+        found = [n for key, n in size.items() if key.startswith(prefix)]
+        assert found, f"redis_store.md has no MEMORY USAGE row for {prefix!r}"
+        return found[0]
+
+    one, eight = entry("src:fast:permits (1 held)"), entry("src:fast:permits (8 held)")
+    state, bucket = entry("src:fast:state"), entry("quota:source:fast")
+    small, large = entry("quota:full-120:log"), entry("quota:full-10000:log")
+    progress = entry("scope:bench:progress")
+
+    def kb(n: float) -> str:
+        return f"{n / 1000:.2g} KB"
+
+    return "\n".join(
+        [
+            "| key | type | holds | bytes (measured) |",
+            "|---|---|---|---|",
+            "| `{t}:v1:src:<source>:permits` | sorted set | permit id → lease expiry "
+            f"| {one:,} with 1 lease, {eight:,} with 8; gone when none |",
+            "| `{t}:v1:src:<source>:state` | hash | breaker, AIMD limit, pause, learned quota "
+            f"| {state:,} (without a learned quota) |",
+            "| `{t}:v1:quota:<group>` | hash | bucket (GCRA) times for RPM and TPM "
+            f"| {bucket:,} |",
+            "| `{t}:v1:quota:<group>:log` | sorted set, TTL one window | the RPM sliding window: "
+            "one admission time per request, at most rpm (those past the window are dropped "
+            f"once it is full) | {small:,} at 120 RPM, {large / 1e6:.2f} MB at 10,000 RPM |",
+            "| `{t}:v1:scope:<scope>:progress` | string, TTL 3,600 s | time of the last success "
+            f"| {progress:,} |",
+            "",
+            "(`{t}`: `{<prefix>}`, or `{<prefix>/<group>}` on a cluster.)",
+            "",
+            f"A source therefore costs about {kb(one + state)} plus {(eight - one) / 7:.0f} "
+            f"bytes per lease in flight, a quota group {kb(bucket)} plus, with "
+            f'`rpm_window = "sliding"`, about {small / 120:.0f} bytes per request a minute up '
+            f"to 128 RPM and {large / 10_000:.0f} bytes above (the default bucket keeps no "
+            f"log), a scope {kb(progress)}.",
+        ]
+    )
+
+
 def measured() -> str:
     """The Measured table: every row from a committed results file or a named test."""
     header = "| what | figure | how |\n|---|---|---|"
@@ -196,7 +243,11 @@ def measured() -> str:
     return "\n".join([header, redis_store(), wakeups(), deferral(), goodput_rows(), static])
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"goodput": goodput, "measured": measured}
+BLOCKS: dict[str, Callable[[], str]] = {
+    "goodput": goodput,
+    "memory": memory,
+    "measured": measured,
+}
 
 
 def render(readme: str) -> str:

@@ -10,10 +10,12 @@ import pytest
 from polygate_celery.config.models import StoreConfig
 from tests.integration.topology_contract import contract_fixtures
 from tests.redis_topologies import SERVICE, SentinelGroup
+from tests.unit.store.test_store_contract_bookings import *  # noqa: F403
 from tests.unit.store.test_store_contract_gate import *  # noqa: F403
 from tests.unit.store.test_store_contract_learned import *  # noqa: F403
 from tests.unit.store.test_store_contract_operator import *  # noqa: F403
 from tests.unit.store.test_store_contract_permits import *  # noqa: F403
+from tests.unit.store.test_store_contract_places import *  # noqa: F403
 from tests.unit.store.test_store_contract_state import *  # noqa: F403
 
 
