@@ -65,6 +65,14 @@ EQUIVALENT: dict[str, Equivalent] = {
         'None = ""',
         '`""` is never the running loop, as None is not: the first `hold()` starts the task',
     ),
+    LEASE + "__init____mutmut_7": Equivalent(
+        "self._every_s = None",
+        "read only by a renewer woken by `hold()`, which sets it first",
+    ),
+    LEASE + "__init____mutmut_8": Equivalent(
+        "self._every_s = 1.0",
+        "read only by a renewer woken by `hold()`, which sets it first",
+    ),
     LEASE + "_renew__mutmut_34": Equivalent(
         "strict=None", "the lengths were checked equal just above, so zip never truncates"
     ),

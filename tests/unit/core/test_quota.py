@@ -13,6 +13,7 @@ from polygate_celery.core.quota import (
     BURST_S,
     PERIOD_S,
     gcra_adjust,
+    gcra_book,
     gcra_reserve,
     learned_tat,
 )
@@ -209,3 +210,34 @@ def test_arrivals_trailing_admissions_by_up_to_the_margin_never_find_the_provide
 
     assert provider_refusals(arrive(with_margin, worst(with_margin)), limit) == []
     assert provider_refusals(arrive(without_margin, worst(without_margin)), limit) != []
+
+
+def test_a_booking_in_an_empty_bucket_is_for_now_and_charged_as_an_admission() -> None:
+    slot, tats = gcra_book([(0.0, 1.0, 60), (0.0, 500.0, 1000)], now=1000.0)
+    assert slot == 1000.0
+    assert tats == [
+        gcra_reserve(0.0, 1000.0, 1.0, 60)[0],
+        gcra_reserve(0.0, 1000.0, 500.0, 1000)[0],
+    ]
+
+
+def test_a_booking_is_the_soonest_slot_every_bucket_admits_charged_as_there() -> None:
+    """At its slot each bucket admits the booking, and charges it as `gcra_reserve` would
+    there; a little before the slot, one of them would still refuse it."""
+    rng = random.Random(7)
+    for _ in range(2_000):
+        now = 1000.0
+        dims = []
+        for _ in range(rng.choice([1, 2])):
+            limit = rng.choice([1, 3, 60, 1000])
+            cost = rng.choice([1.0, limit * rng.uniform(0.0, 1.5)])
+            dims.append((now + rng.uniform(-10.0, 70.0), cost, limit))
+        slot, tats = gcra_book(dims, now)
+        assert slot >= now
+        for (tat, cost, limit), booked in zip(dims, tats, strict=True):
+            admitted, wait = gcra_reserve(tat, slot + 1e-9, cost, limit)  # (rounding)
+            assert wait is None, (dims, slot)
+            assert booked == pytest.approx(admitted, abs=1e-6), (dims, slot)
+        if slot > now + 1e-6:
+            earlier = slot - 1e-3
+            assert any(gcra_reserve(t, earlier, c, lim)[1] for t, c, lim in dims), (dims, slot)

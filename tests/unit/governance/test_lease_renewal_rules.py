@@ -218,3 +218,22 @@ async def test_a_failed_renewal_is_logged_with_the_number_of_leases(
     assert len(errors) == 2
     assert all("'a'" in m and "could not be renewed in time" in m for m in errors)
     await renewer.aclose()
+
+
+async def test_a_quick_call_sets_the_idle_renewers_next_round_a_third_of_its_lease_on() -> None:
+    """A lease held and let go at once wakes an idle renewer, which then sleeps a third
+    of that lease (the quick calls that come and go meanwhile do not wake it again): an
+    attempt begun during that sleep is first renewed when it ends."""
+    clock = VirtualClock()
+    store = RenewalStore(clock)
+    renewer = LeaseRenewer(store, clock)
+    assert await attempt(renewer, clock, "first", 1) == (1.0, "done")
+    await clock.sleep(100)  # t=101: nothing held, the renewer idles
+
+    with renewer.hold(SOURCE, Grant("a", "quick", clock.now(), 15.0), clock.now()):
+        pass  # its attempt ends before the renewer runs
+    await clock.sleep(1)
+
+    assert await attempt(renewer, clock, "long", 20) == (122.0, "done")
+    assert store.renewals == [(106.0, ["long"]), (116.0, ["long"])]  # 101 + 15 / 3, then every 10
+    await renewer.aclose()
