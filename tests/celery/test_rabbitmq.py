@@ -28,6 +28,7 @@ from polygate_celery.celery.runtime import reset_runtime, runtime_for
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.outcome_rows import outcome_config, outcome_models, outcome_tasks
 from tests.conftest import drop_result_subscriptions, own_redis
+from tests.redis_server import RedisServer
 
 QUEUE = "polygate-rabbitmq"
 
@@ -72,8 +73,11 @@ def configured(
     test's own; returns its runtime. The test's store keys are deleted afterwards."""
     prefix = f"rabbitmq-{uuid.uuid4().hex[:10]}"
 
-    def configure(**deferral: Any) -> Any:
-        config = outcome_config(redis_url, prefix, provider.url)
+    def configure(store: RedisServer | None = None, **deferral: Any) -> Any:
+        config = outcome_config(store.url if store else redis_url, prefix, provider.url)
+        if store is not None:  # quick to give up on a store that stops answering
+            update = {"lease_s": 10.0, "socket_timeout_s": 0.5}
+            config = config.model_copy(update={"store": config.store.model_copy(update=update)})
         if deferral:
             config = config.model_copy(
                 update={"deferral": config.deferral.model_copy(update=deferral)}
@@ -96,8 +100,8 @@ def rabbit_worker(configured: Configure) -> Callable[..., Any]:
     """Start an in-process worker (threads pool) on the vhost; yields the runtime."""
 
     @contextmanager
-    def start(**deferral: Any) -> Iterator[Any]:
-        runtime = configured(**deferral)
+    def start(store: RedisServer | None = None, **deferral: Any) -> Iterator[Any]:
+        runtime = configured(store, **deferral)
         with start_worker(
             app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30
         ):
@@ -137,6 +141,29 @@ def test_one_outcome_per_row(rabbit_worker: Callable[..., Any]) -> None:
         with pytest.raises(SourceFatalError, match="malformed"):
             refused.get(timeout=60)
         assert refused.state == "FAILURE"
+
+
+def test_an_unreachable_store_defers_the_task(rabbit_worker: Callable[..., Any]) -> None:
+    """The governance store stops answering, the broker does not: the task is deferred
+    (`backend_error`) through the broker and succeeds once the store is back."""
+    with RedisServer() as store, rabbit_worker(store):
+        store.pause()
+        result = tasks.answer.delay()
+        assert wait_for_state(result, DEFERRED)["reason"] == "backend_error"
+        store.resume()
+        assert result.get(timeout=60) == "fine"
+    assert tasks.runs[result.id] == 1  # the deferring run met the store before the body
+
+
+def test_a_deferral_budget_spent_by_age_fails_the_task(rabbit_worker: Callable[..., Any]) -> None:
+    with rabbit_worker(max_defer_age_s=3) as runtime:
+        pause(runtime, "main", 120)
+        result = tasks.answer.delay()
+        with pytest.raises(DeferralBudgetExceeded) as caught:
+            result.get(timeout=60)
+    assert caught.value.reason == "stalled"
+    assert caught.value.age_s > 3  # ended by its age, well before the 25 deferrals allowed
+    assert 1 <= caught.value.deferrals < 25
 
 
 def test_a_spent_deferral_budget_fails_the_task(rabbit_worker: Callable[..., Any]) -> None:
