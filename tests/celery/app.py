@@ -95,14 +95,17 @@ async def ask_async(self: Any, calls: AsyncGovernedCalls, text: str) -> str:
 @app.task(bind=True)
 @governed("chat")
 def record(self: Any, calls: GovernedCalls, text: str) -> str:
-    """Records each run's deferral number: a task's runs must read 0, 1, ..., n."""
+    """Records each run's deferral number (a task's runs must read 0, 1, ..., n) and
+    when it began (`time.monotonic()`, one clock for every process of the machine)."""
     client = redis_client(app.conf.broker_url)
     import asyncio  # noqa: PLC0415
 
     deferral = (self.request.headers or {}).get("polygate_deferrals", 0)
+    began = time.monotonic()
 
     async def note() -> None:
         await client.rpush(f"deferrals:{self.request.id}", str(deferral))
+        await client.rpush(f"began:{self.request.id}", repr(began))
         await client.aclose()
 
     asyncio.run(note())

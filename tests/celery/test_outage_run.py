@@ -23,12 +23,17 @@ from tests.soak import size
 TASKS = size(ci=300, soak=1_000)
 OUTAGE_S = 8.0
 WINDOW_S = 5.0
+POLL_S = 0.2
+# A task that began this long before the outage's end met WINDOW_S of it, with time
+# to spare for its run's first steps and a poll: its call must have stalled.
+MET_THE_WINDOW_S = WINDOW_S + 2.0
 
 
 @pytest.fixture
 def outage_provider() -> Iterator[SimulatedProvider]:
-    """A provider that is down for its first OUTAGE_S seconds."""
-    models = {"up": ModelBehaviour(reply="fine", outages=((0.0, OUTAGE_S),))}
+    """A provider that is down for OUTAGE_S seconds from its first request, however
+    long the worker takes to start."""
+    models = {"up": ModelBehaviour(reply="fine", outages=((0.0, OUTAGE_S),), outages_from="up")}
     with SimulatedProvider(models) as provider:
         yield provider
 
@@ -37,7 +42,7 @@ def outage_settings(provider: SimulatedProvider) -> dict[str, Any]:
     """The test worker's fast settings, with the retry budget and the breaker at their
     defaults (the fixture's `max_attempts` of 2 is the only other override)."""
     return {
-        "scope": {"stall_window_s": WINDOW_S, "max_attempts": 3, "poll_interval_s": 0.2},
+        "scope": {"stall_window_s": WINDOW_S, "max_attempts": 3, "poll_interval_s": POLL_S},
         "deferral": {"min_delay_s": 0.5, "max_delay_s": 4.0, "max_deferrals": 50},
         "sources": {
             "main": {"base_url": provider.url, "model": "up", "timeout_s": 2},
@@ -55,19 +60,29 @@ def test_an_outage_longer_than_the_stall_window_defers_and_loses_nothing(
         outcomes = [r.get(timeout=240, propagate=False) for r in results]
         states = Counter(r.state for r in results)
     took = time.monotonic() - started
+    first_request = outage_provider.first_request_at("up")
+    assert first_request is not None
+    outage_ends = time.monotonic() - outage_provider.since_start() + first_request + OUTAGE_S
     client = sync_redis.Redis.from_url(broker)
-    deferrals = Counter()
+    deferrals: Counter[int] = Counter()
+    met_it = []  # the tasks whose first run met a stall window of the outage
     for result in results:
         runs = [int(x) for x in client.lrange(f"deferrals:{result.id}", 0, -1)]
         assert runs == list(range(len(runs))), (result.id, runs)  # executions = deferrals + 1
         deferrals[len(runs) - 1] += 1
+        began = float(client.lindex(f"began:{result.id}", 0) or "inf")
+        if began < outage_ends - MET_THE_WINDOW_S:
+            met_it.append((result.id, len(runs) - 1))
     figures(
         f"{TASKS} tasks in {took:.0f} s: {dict(states)}; tasks by deferral count "
-        f"{dict(sorted(deferrals.items()))}"
+        f"{dict(sorted(deferrals.items()))}; {len(met_it)} began at least "
+        f"{MET_THE_WINDOW_S:.0f} s before the outage's end"
     )
     assert states == {"SUCCESS": TASKS}
     assert outcomes == ["fine"] * TASKS
-    assert sum(n * k for n, k in deferrals.items()) > 0  # the outage did defer tasks
+    # The task that met the outage first began before its first request: it is among them.
+    assert met_it, "no task began in the outage"
+    assert [task for task, deferred in met_it if deferred == 0] == []
 
 
 @pytest.fixture
