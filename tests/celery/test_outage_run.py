@@ -39,11 +39,12 @@ def outage_provider() -> Iterator[SimulatedProvider]:
 
 
 def outage_settings(provider: SimulatedProvider) -> dict[str, Any]:
-    """The test worker's fast settings, with the retry budget and the breaker at their
-    defaults (the fixture's `max_attempts` of 2 is the only other override)."""
+    """The test worker's fast settings, with the retry budget, the breaker and the
+    deferral budget at their defaults (the fixture's `max_attempts` of 2 is the only
+    other override)."""
     return {
         "scope": {"stall_window_s": WINDOW_S, "max_attempts": 3, "poll_interval_s": POLL_S},
-        "deferral": {"min_delay_s": 0.5, "max_delay_s": 4.0, "max_deferrals": 50},
+        "deferral": {"min_delay_s": 0.5, "max_delay_s": 4.0},
         "sources": {
             "main": {"base_url": provider.url, "model": "up", "timeout_s": 2},
             "other": {"base_url": provider.url, "model": "up", "timeout_s": 2},

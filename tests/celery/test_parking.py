@@ -9,7 +9,7 @@ import redis as sync_redis
 from celery import signals
 
 from polygate_celery.celery import ParkingLot, Releaser, lot_name
-from tests.celery.app import app, ask
+from tests.celery.app import app, ask, record
 from tests.celery.conftest import Worker
 from tests.celery.test_outcomes import DEFER_PAUSE_S, pause, runs, wait_for_state
 
@@ -81,10 +81,14 @@ def consumed(broker: str, queue: str, within_s: float = 30) -> None:
 
 
 def test_the_release_loop_keeps_up(governed_worker: Worker, broker: str) -> None:
+    """40 tasks parked at once all come back, and each deferral is released once: a
+    task's runs carry the deferral numbers 0, 1, ..., n, none twice."""
     with governed_worker() as runtime:
         pause(runtime, "main", DEFER_PAUSE_S)
-        results = [ask.delay(f"n{i}") for i in range(40)]
+        results = [record.delay(f"n{i}") for i in range(40)]
         assert [r.get(timeout=60) for r in results] == ["fine"] * 40
         assert runtime.run(lot_of(runtime).size()) == 0
     client = sync_redis.Redis.from_url(broker)
-    assert all(client.llen(f"runs:{r.id}") >= 1 for r in results)
+    numbers = [[int(x) for x in client.lrange(f"deferrals:{r.id}", 0, -1)] for r in results]
+    assert all(runs == list(range(len(runs))) for runs in numbers), numbers
+    assert any(len(runs) > 1 for runs in numbers)  # the pause did park tasks
