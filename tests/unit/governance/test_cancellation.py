@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 
 import pytest
 
-from polygate_celery import MemoryStore, Outcome, Store
-from polygate_celery.store import Settlement
+from polygate_celery import GovernanceBackendError, MemoryStore, Outcome, Store
+from polygate_celery.core.breaker import Effect
+from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, make_config
 
@@ -107,3 +109,77 @@ async def test_a_cancellation_during_the_release_still_passes_through(
     await canceller
     await clock.sleep(10)
     assert (await gw.snapshot("s"))[0].permits_in_use == 0  # the release still completed
+
+
+class RecordingStore(MemoryStore):
+    """The in-memory store, keeping each admission it grants and each settlement; its
+    settlements can be made to fail."""
+
+    def __init__(self, clock: VirtualClock, settle_fails: bool = False) -> None:
+        super().__init__(clock)
+        self.settle_fails = settle_fails
+        self.requests: list[AdmitRequest] = []
+        self.grants: list[Grant] = []
+        self.settlements: list[Settlement] = []
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        admission = await super().admit(request)
+        if isinstance(admission, Grant):
+            self.requests.append(request)
+            self.grants.append(admission)
+        return admission
+
+    async def settle(self, settlement: Settlement) -> bool:
+        self.settlements.append(settlement)
+        if self.settle_fails:
+            raise GovernanceBackendError("connection refused")
+        return await super().settle(settlement)
+
+
+async def test_a_cancelled_attempt_gives_its_permit_back_as_neutral(
+    clock: VirtualClock, own_store_gateway: GatewayFactory
+) -> None:
+    """Neither a success nor a failure: the breaker and AIMD learn nothing from it, and
+    the tokens reserved at admission are released with the permit."""
+    store = RecordingStore(clock)
+    source = ScriptedSource.always(clock, steps.ok(duration_s=100))
+    config = make_config("chat", {"a": {"tpm": 10_000}})
+    gw = own_store_gateway(config, {"a": source}, store=store)
+    call = asyncio.ensure_future(gw.chat("s", [{"role": "user", "content": "x" * 400}]))
+    canceller = asyncio.ensure_future(cancel_at(clock, call, 50.0))  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await canceller
+    ((request,), (grant,)) = store.requests, store.grants
+    assert request.est_tokens > 0
+    assert store.settlements == [
+        Settlement(
+            scope="s",
+            source=gw.plan("s").terms["a"],
+            permit_id=grant.permit_id,
+            admitted_at=grant.admitted_at,
+            effect=Effect.NEUTRAL,
+            est_tokens=request.est_tokens,
+        )
+    ]
+    await gw.aclose()
+
+
+async def test_a_release_that_fails_is_logged_and_the_cancellation_passes_through(
+    clock: VirtualClock, own_store_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RecordingStore(clock, settle_fails=True)
+    source = ScriptedSource.always(clock, steps.ok(duration_s=100))
+    gw = own_store_gateway(make_config("chat"), {"a": source}, store=store)
+    call = asyncio.ensure_future(gw.call("s", "x"))
+    canceller = asyncio.ensure_future(cancel_at(clock, call, 50.0))  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError), caplog.at_level(logging.WARNING):
+        await call
+    await canceller
+    (record,) = [r for r in caplog.records if "releasing" in r.getMessage()]
+    assert record.getMessage() == (
+        "scope 's': releasing a permit of 'a' failed; it returns when its lease expires"
+    )
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], GovernanceBackendError)
+    await gw.aclose()
