@@ -47,3 +47,29 @@ def test_only_deferrals_that_waited_out_an_estimate_count_for_growth() -> None:
 def test_a_message_from_before_the_grown_header_grows_per_deferral() -> None:
     assert headers(polygate_deferrals=3).grown == 3
     assert headers(polygate_deferrals=2, polygate_grown=7).grown == 2  # never more than them
+
+
+def test_a_message_never_deferred_says_so() -> None:
+    assert headers() == DeferralState(count=0, first_at=None, grown=0)
+    task = SimpleNamespace(request=SimpleNamespace(headers=None))  # Celery's default
+    assert DeferralState.of(task) == DeferralState()  # type: ignore[arg-type]
+
+
+def test_when_it_was_first_deferred_is_read_as_seconds() -> None:
+    assert headers(polygate_deferrals=1, polygate_first_deferred_at=1700000000.5).first_at == (
+        1700000000.5
+    )
+    assert headers(polygate_deferrals=1, polygate_first_deferred_at=1700000000).first_at == (
+        1700000000.0
+    )
+    assert headers(polygate_deferrals=1, polygate_first_deferred_at="soon").first_at is None
+
+
+@pytest.mark.parametrize("bad", [True, -1, "3", 2.0, None])
+def test_a_count_that_is_not_a_whole_number_reads_as_none(bad: object) -> None:
+    assert headers(polygate_deferrals=bad).count == 0
+    assert headers(polygate_deferrals=3, polygate_grown=bad).grown == 3  # as if absent
+
+
+def test_none_grown_is_a_count_of_its_own() -> None:
+    assert headers(polygate_deferrals=3, polygate_grown=0).grown == 0

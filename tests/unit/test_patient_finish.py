@@ -68,3 +68,45 @@ def test_an_unreachable_redis_behind_a_store_error_is_waited_out() -> None:
     calls, step = failing(2, wrapped)
     patiently(step, within_s=30, sleep=clock.sleep, clock=lambda: clock.now)  # type: ignore[arg-type]
     assert (len(calls), clock.slept) == (3, [0.1, 0.2])
+
+
+def test_any_other_error_is_logged_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    _calls, step = failing(1, ValueError("a bug"))
+    with caplog.at_level(logging.WARNING, logger="polygate_celery"):
+        patiently(step, within_s=30, sleep=clock.sleep, clock=lambda: clock.now)  # type: ignore[arg-type]
+    (record,) = caplog.records
+    assert record.getMessage() == "recording a governed task's run failed"
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], ValueError)
+
+
+def test_giving_up_says_how_long_it_waited_and_what_may_follow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    _calls, step = failing(10_000, redis.exceptions.ConnectionError("down"))
+    with caplog.at_level(logging.WARNING, logger="polygate_celery"):
+        patiently(step, within_s=7.5, sleep=clock.sleep, clock=lambda: clock.now)  # type: ignore[arg-type]
+    assert [r.getMessage() for r in caplog.records] == [
+        "recording a governed task's run failed for 7.5s: Redis unreachable; a copy of its "
+        "message may run again"
+    ]
+
+
+def test_a_try_that_falls_exactly_at_the_end_of_its_patience_is_made() -> None:
+    clock = Clock()
+    calls, step = failing(10_000, redis.exceptions.ConnectionError("down"))
+    # The second try falls at 0.1 + 0.2 (as floats add them): exactly the deadline.
+    patiently(step, within_s=0.1 + 0.2, sleep=clock.sleep, clock=lambda: clock.now)  # type: ignore[arg-type]
+    assert (len(calls), clock.slept) == (3, [0.1, 0.2])
+
+
+def test_a_store_error_that_is_not_an_unreachable_redis_is_logged_at_once() -> None:
+    """A script's own error, wrapped by the store: waiting would not mend it."""
+    clock = Clock()
+    wrapped = GovernanceBackendError("ResponseError: a script failed")
+    wrapped.__cause__ = redis.exceptions.ResponseError("a script failed")
+    calls, step = failing(1, wrapped)
+    patiently(step, within_s=30, sleep=clock.sleep, clock=lambda: clock.now)  # type: ignore[arg-type]
+    assert (len(calls), clock.slept) == (1, [])
