@@ -1,0 +1,179 @@
+"""The loop's smaller promises: a queued call's wait (its deadline, what blocks it, a lost
+place), a gate-refused call leaving the gate alone, what an alert and a result carry,
+and permit ids unique to a process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import pytest
+
+from polygate_celery import AllSourcesExhausted, MemoryStore, Outcome
+from polygate_celery.governance import loop
+from polygate_celery.telemetry import SourceAlertEvent, WaitEvent
+from polygate_celery.testing import ScriptedSource, VirtualClock, steps
+from tests.conftest import GatewayFactory, Recorder, make_config
+
+ONE_PERMIT = {"a": {"max_concurrency": 1}}
+
+
+async def hold_the_permit(gw: object, clock: VirtualClock) -> asyncio.Task[object]:
+    holder = asyncio.ensure_future(gw.call("s", "holder"))  # type: ignore[attr-defined]
+    await clock.sleep(0.5)
+    return holder
+
+
+async def test_a_queued_call_ends_at_its_deadline_to_the_instant(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    source = ScriptedSource.always(clock, steps.ok(duration_s=50))
+    patient = gateway(make_config("chat", ONE_PERMIT, max_call_s=300), {"a": source})
+    hasty = gateway(make_config("chat", ONE_PERMIT, max_call_s=10, stall_window_s=60),
+                    {"a": source})  # fmt: skip
+    holder = await hold_the_permit(patient, clock)  # the same store: one permit for both
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await hasty.call("s", "queued")
+    assert verdict.value.reason == "deadline"
+    assert clock.now() == 0.5 + 10.0
+    assert source.attempts == 1  # the holder's
+    await holder
+    await patient.aclose()
+    await hasty.aclose()
+
+
+async def test_a_queued_calls_waits_say_what_blocks_it(
+    clock: VirtualClock, gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    source = ScriptedSource.always(clock, steps.ok(duration_s=30))
+    gw = gateway(make_config("chat", ONE_PERMIT), {"a": source})
+    holder = await hold_the_permit(gw, clock)
+    assert (await gw.call("s", "queued")).value == "ok"
+    await holder
+    waits = [e for e in recorder.of(WaitEvent) if e.cause == "no_runnable"]
+    assert waits
+    assert {e.blocked for e in waits} == {(("a", "at_capacity"),)}
+    await gw.aclose()
+
+
+async def test_a_queued_call_whose_place_is_lost_asks_again_then_not_at_its_poll(
+    clock: VirtualClock, own_store_gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    """The keeper renews every third of a claim (7 s for a 10 s poll): when the store no
+    longer keeps the place (here the source was paused), the call asks again at once."""
+    store = MemoryStore(clock)
+    source = ScriptedSource.always(clock, steps.ok(duration_s=50))
+    config = make_config("chat", ONE_PERMIT, poll_interval_s=10, stall_window_s=600)
+    gw = own_store_gateway(config, {"a": source}, store=store, random=lambda: 0.99)
+    holder = await hold_the_permit(gw, clock)
+    queued = asyncio.ensure_future(gw.call("s", "queued"))
+    await clock.sleep(1.0)
+    await store.pause_source("a", 30.0)
+    await clock.sleep(7.0)
+    first = next(e for e in recorder.of(WaitEvent) if e.cause == "no_runnable")
+    assert first.started_s == 0.0
+    assert first.seconds == 7.0  # the keeper's renewal at 7.5, not the poll's end at 10.4
+    queued.cancel()
+    holder.cancel()
+    await asyncio.gather(queued, holder, return_exceptions=True)
+    await gw.aclose()
+
+
+class GateCountingStore(MemoryStore):
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(clock)
+        self.closings: list[float] = []
+
+    async def close_gate(self, scope: str, seconds: float, reset: bool) -> None:
+        self.closings.append(seconds)
+        await super().close_gate(scope, seconds, reset)
+
+
+async def test_a_call_the_gate_refuses_leaves_the_gate_as_it_is(
+    clock: VirtualClock, own_store_gateway: GatewayFactory
+) -> None:
+    store = GateCountingStore(clock)
+    source = ScriptedSource.always(clock, steps.ok("back"))
+    config = make_config("chat", stall_window_s=10)
+    gw = own_store_gateway(config, {"a": source}, store=store, scope_gate=True)
+    await store.pause_source("a", 400)
+    with pytest.raises(AllSourcesExhausted):
+        await gw.call("s", "stalls")  # closes the gate
+    assert len(store.closings) == 1
+    probe = asyncio.ensure_future(gw.call("s", "probes"))
+    await clock.sleep(0)
+    for _ in range(3):
+        with pytest.raises(AllSourcesExhausted) as refused:
+            await gw.call("s", "refused")
+        assert refused.value.reason == "stalled"
+    assert len(store.closings) == 1  # the refused calls did not close it again
+    with pytest.raises(AllSourcesExhausted):
+        await probe
+    await gw.aclose()
+
+
+class GateFailingStore(MemoryStore):
+    async def close_gate(self, scope: str, seconds: float, reset: bool) -> None:
+        raise ConnectionError("the store is gone")
+
+
+async def test_a_gate_that_cannot_be_closed_is_logged_and_the_verdict_stands(
+    clock: VirtualClock, own_store_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = GateFailingStore(clock)
+    source = ScriptedSource.always(clock, steps.ok())
+    gw = own_store_gateway(make_config("chat", stall_window_s=10), {"a": source}, store=store,
+                           scope_gate=True)  # fmt: skip
+    await store.pause_source("a", 400)
+    with (
+        caplog.at_level(logging.WARNING, logger="polygate_celery"),
+        pytest.raises(AllSourcesExhausted) as verdict,
+    ):
+        await gw.call("s", "stalls")
+    assert verdict.value.reason == "stalled"
+    (record,) = [r for r in caplog.records if "gate" in r.getMessage()]
+    assert record.getMessage() == "scope 's': closing its gate failed"
+    assert record.exc_info is not None
+    await gw.aclose()
+
+
+async def test_rejected_credentials_alert_names_the_source_and_the_cooldown(
+    clock: VirtualClock, gateway: GatewayFactory, recorder: Recorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    a = ScriptedSource.always(clock, steps.auth_rejected())
+    b = ScriptedSource.always(clock, steps.ok("b"))
+    config = make_config("chat", {"a": {"breaker": {"auth_cooldown_s": 600}}, "b": {}})
+    gw = gateway(config, {"a": a, "b": b})
+    with caplog.at_level(logging.ERROR, logger="polygate_celery"):
+        assert (await gw.call("s", "x")).source == "b"
+    assert recorder.of(SourceAlertEvent) == [SourceAlertEvent("a", "credentials rejected", 600)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "source 'a' rejected its credentials; breaker open for 600s"
+    ]
+    await gw.aclose()
+
+
+class Counted:
+    """A source whose answer says how many tokens the prompt and the completion took."""
+
+    async def send(self, payload: object, *, timeout_s: float) -> Outcome:
+        return Outcome.success("v", prompt_tokens=7, completion_tokens=3)
+
+
+async def test_a_result_carries_the_prompt_and_completion_tokens(
+    gateway: GatewayFactory,
+) -> None:
+    gw = gateway(make_config("chat"), {"a": Counted()})
+    result = await gw.call("s", "x")
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 3)
+    await gw.aclose()
+
+
+def test_permit_ids_carry_a_random_prefix_of_their_process() -> None:
+    ours, theirs = loop._new_permit_ids(), loop._new_permit_ids()
+    first, second = next(ours), next(ours)
+    assert re.fullmatch(r"[0-9a-f]{16}-0", first)
+    assert second == first.removesuffix("0") + "1"
+    assert next(theirs).split("-")[0] != first.split("-")[0]
