@@ -177,3 +177,24 @@ def test_permit_ids_carry_a_random_prefix_of_their_process() -> None:
     assert re.fullmatch(r"[0-9a-f]{16}-0", first)
     assert second == first.removesuffix("0") + "1"
     assert next(theirs).split("-")[0] != first.split("-")[0]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "same_source"),
+    [
+        (Outcome.transient("HTTP 500", status=500), True),
+        (Outcome.transient("HTTP 503", status=503), True),
+        (Outcome.transient("HTTP 408", status=408), True),
+        (Outcome.transient("HTTP 409", status=409), True),
+        (Outcome.transient("HTTP 410", status=410), False),
+        (Outcome.transient("HTTP 499", status=499), False),
+        (Outcome.transient("connection refused"), True),
+        (Outcome.timeout(), False),
+    ],
+)
+def test_which_failures_are_worth_a_second_try_at_the_same_source(
+    outcome: Outcome, same_source: bool
+) -> None:
+    """A 5xx, 408, 409 or no answer at all: often gone on the next try. A timeout (a silent
+    route) or another status moves on to the next source."""
+    assert loop._same_source_worth_retrying(outcome) is same_source
