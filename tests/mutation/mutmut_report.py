@@ -1,4 +1,4 @@
-"""The report of a mutmut run: every mutant of core/ and the lease rule, and what became of it.
+"""The report of a mutmut run: every mutant of core/, governance/ and celery/, and its fate.
 
 ``make mutate`` runs ``mutmut run`` (configured in pyproject's ``[tool.mutmut]``)
 and then this module, which reads ``mutmut results --all true`` and writes
@@ -9,8 +9,9 @@ changes only a log line's wording, which tests check by content). An entry is
 checked against the mutant it names (a changed function renumbers its mutants),
 so a stale entry is reported rather than silently excusing another mutant.
 
-Exit 1 when a mutant survives (or has no test reaching it) that is not listed
-as equivalent, or when an entry no longer matches its mutant.
+Exit 1 when a mutant of core/, the lease or the stall rules survives (or has no
+test reaching it) that is not listed as equivalent, or when an entry no longer
+matches its mutant. Survivors elsewhere are listed, with their diffs.
 
 Usage: ``python -m tests.mutation.mutmut_report``.
 """
@@ -28,7 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "benchmarks" / "results" / "mutmut.md"
-COMMAND = "rm -rf mutants; POLYGATE_TEST_REDIS=private mutmut run --max-children 2"
+COMMAND = (
+    "rm -rf mutants; PYTEST_TIMEOUT=30 POLYGATE_TEST_REDIS=private mutmut run --max-children 2"
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,55 @@ EQUIVALENT: dict[str, Equivalent] = {
     ),
 }
 
-# Outcomes that leave a promise unchecked: mutmut's statuses other than these two.
+PLACES = "polygate_celery.governance.places.xǁPlaceKeeperǁ"
+EQUIVALENT |= {
+    PLACES + "_keep__mutmut_31": Equivalent(
+        "finished, kept = True, None",
+        "a renewal that raised leaves `kept` None, and None alone loses every place it "
+        "carried, finished or not",
+    ),
+    PLACES + "_keep__mutmut_33": Equivalent(
+        "if not finished and kept is None or",
+        "`kept` is None exactly when the renewal did not finish or raised, so `not "
+        "finished or kept is None` and `not finished and kept is None` agree but for a "
+        "store answering None, which no store does (`keep_places` returns a list)",
+    ),
+}
+
+LOOP = "polygate_celery.governance.loop.xǁGovernedCallǁ"
+EQUIVALENT |= {
+    LOOP + "_plan_next__mutmut_21": Equivalent(
+        "if s not in self.excluded), )",
+        "the default is never used: the source that just answered 429 is never excluded "
+        "(only a rejection excludes one), so at least one source is left to be first",
+    ),
+}
+
+# Outcomes that leave a promise unchecked: mutmut's statuses other than these.
 KILLED = {"killed", "timeout", "caught by type check"}
+NOT_REACHED = "no tests"
+
+# Where no mutant may be left (issue: the decision core, the lease and the stall rules):
+# every module of core/, the lease renewer, and the governance loop's stall rules. The
+# execution guard runs only in a worker; its rules are broken by name in mutations.md.
+MUST_DIE_MODULES = ("polygate_celery.core.", "polygate_celery.governance.lease")
+STALL_RULES = (
+    "polygate_celery.governance.loop.xǁGovernedCallǁ_raise_if_stalled",
+    "polygate_celery.governance.loop.xǁGovernedCallǁ_scope_is_down",
+    "polygate_celery.governance.loop.xǁGovernedCallǁ_on_no_runnable",
+    "polygate_celery.governance.loop.xǁGovernedCallǁ_wait",
+    "polygate_celery.governance.loop.xǁGovernedCallǁ_retry_after_s",
+    "polygate_celery.governance.loop.xǁGovernedCallǁ_exhausted",
+)
+
+
+def must_die(name: str) -> bool:
+    """Whether a mutant of this function surviving fails ``make mutate``."""
+    return name.startswith(MUST_DIE_MODULES) or function_of(name) in STALL_RULES
+
+
+def function_of(name: str) -> str:
+    return name.rsplit("__mutmut_", maxsplit=1)[0]
 
 
 def results() -> dict[str, str]:
@@ -139,11 +189,13 @@ def main() -> int:
         ["git", "-C", str(ROOT), "status", "--porcelain", "--", "polygate_celery", "tests"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    left = {n: s for n, s in found.items() if s not in KILLED}
+    unreached = {n for n, s in found.items() if s == NOT_REACHED}
+    left = {n: s for n, s in found.items() if s not in KILLED and n not in unreached}
     diffs = {n: show(n) for n in left}
     stale = [n for n, e in EQUIVALENT.items() if n not in left or e.mutated not in diffs[n]]
     survivors = [n for n in left if n not in EQUIVALENT or n in stale]
     equivalent = [n for n in left if n not in survivors]
+    failing = [n for n in survivors + sorted(unreached) if must_die(n)]
 
     per_module: dict[str, Counter[str]] = {}
     for name, status in found.items():
@@ -151,6 +203,8 @@ def main() -> int:
         counts["total"] += 1
         if status in KILLED:
             counts["killed"] += 1
+        elif name in unreached:
+            counts["not reached"] += 1
         elif name in equivalent:
             counts["wording only" if EQUIVALENT[name].wording else "equivalent"] += 1
         else:
@@ -163,30 +217,40 @@ def main() -> int:
     with (ROOT / "pyproject.toml").open("rb") as file:
         settings = tomllib.load(file)["tool"]["mutmut"]
     lines = [
-        "# mutmut over the decision core and the lease rule",
+        "# mutmut over the decision core, the governance loop and the Celery layer",
         "",
         f"`make mutate` at commit {commit}{' (with uncommitted changes)' if dirty else ''}, "
         f"mutmut {version}: `{COMMAND}`, configured in `pyproject.toml` `[tool.mutmut]`, "
         "then `python -m tests.mutation.mutmut_report`. Mutated: "
         f"{', '.join(f'`{x}`' for x in settings['only_mutate'])}. Each mutant runs the "
         "tests that reach its function, of "
-        f"{', '.join(f'`{x}`' for x in settings['pytest_add_cli_args_test_selection'])}; "
-        "killed counts timeouts. mutmut 3 leaves decorated functions alone "
-        "(`StallClock.attempting`, a `@contextmanager`, and `Outcome.used_tokens`, a "
+        f"{', '.join(f'`{x}`' for x in settings['pytest_add_cli_args_test_selection'])} "
+        f"(`pytest {' '.join(shlex.quote(a) for a in settings['pytest_add_cli_args'])}`); "
+        "killed counts timeouts. mutmut 3 leaves decorated functions alone (such as "
+        "`StallClock.attempting`, a `@contextmanager`, and `Outcome.used_tokens`, a "
         "`@property`), and code outside functions.",
         "",
-        "| module | mutants | killed | equivalent | wording only | survived |",
-        "|---|---|---|---|---|---|",
+        "No mutant may be left in `core/`, the lease renewer "
+        "(`governance/lease.py`) or the governance loop's stall rules ("
+        + ", ".join(f"`{f.rsplit('ǁ', 1)[1]}`" for f in STALL_RULES)
+        + "): one that is fails `make mutate`. Elsewhere a survivor is listed below with "
+        "its diff. *Not reached* counts mutants of code that only a Celery worker runs: "
+        "its tests are in `tests/celery` (real workers, not run per mutant), and its rules "
+        "are broken by name in `mutations.md` (the execution guard, the poison cap, the "
+        "done marker, the countdown strategy).",
+        "",
+        "| module | mutants | killed | equivalent | wording only | survived | not reached |",
+        "|---|---|---|---|---|---|---|",
     ]
     for module in sorted(per_module):
         c = per_module[module]
         lines.append(
             f"| `{module}` | {c['total']} | {c['killed']} | {c['equivalent']} | "
-            f"{c['wording only']} | {c['survived']} |"
+            f"{c['wording only']} | {c['survived']} | {c['not reached']} |"
         )
     lines.append(
         f"| **all** | {totals['total']} | {totals['killed']} | {totals['equivalent']} | "
-        f"{totals['wording only']} | **{totals['survived']}** |"
+        f"{totals['wording only']} | **{totals['survived']}** | {totals['not reached']} |"
     )
     same = [n for n in equivalent if not EQUIVALENT[n].wording]
     wording = [n for n in equivalent if EQUIVALENT[n].wording]
@@ -194,12 +258,23 @@ def main() -> int:
     lines += [f"- `{n}`: {EQUIVALENT[n].reason}." for n in same] or ["None."]
     lines += ["", f"## Wording only ({len(wording)}): a log line's text, not a promise", ""]
     lines += [f"- `{n}`: {EQUIVALENT[n].reason}." for n in wording] or ["None."]
-    lines += ["", f"## Survived ({len(survivors)})", ""]
+    lines += [
+        "",
+        f"## Survived ({len(survivors)}; where none may be: {sum(must_die(n) for n in survivors)})",
+        "",
+    ]
     if not survivors:
         lines.append("None.")
     for name in survivors:
         note = " (its equivalent entry no longer matches this mutant)" if name in stale else ""
-        lines += [f"`{name}`: {left[name]}{note}", "", "```diff", diffs[name], "```", ""]
+        where = " **where none may be**" if must_die(name) else ""
+        lines += [f"`{name}`: {left[name]}{where}{note}", "", "```diff", diffs[name], "```", ""]
+    by_function = Counter(function_of(n) for n in unreached)
+    lines += ["", f"## Not reached ({len(unreached)}), by function", ""]
+    lines += [
+        f"- `{f}`: {k}{' **where none may be**' if must_die(f + '__mutmut_1') else ''}"
+        for f, k in sorted(by_function.items())
+    ] or ["None."]
     missing = [n for n in stale if n not in left]
     if missing:
         lines += ["", "Equivalent entries naming no surviving mutant: "
@@ -207,10 +282,11 @@ def main() -> int:
     REPORT.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     print(f"{totals['total']} mutants: {totals['killed']} killed, {totals['equivalent']} "
           f"equivalent, {totals['wording only']} wording only, {totals['survived']} survived "
-          f"-> {REPORT.relative_to(ROOT)}")  # fmt: skip
+          f"({len([n for n in survivors if must_die(n)])} where none may be), "
+          f"{totals['not reached']} not reached -> {REPORT.relative_to(ROOT)}")  # fmt: skip
     if stale:
         print("stale equivalent entries: " + " ".join(shlex.quote(n) for n in stale))
-    return 1 if survivors or stale else 0
+    return 1 if failing or stale else 0
 
 
 if __name__ == "__main__":

@@ -198,3 +198,75 @@ def test_which_failures_are_worth_a_second_try_at_the_same_source(
     """A 5xx, 408, 409 or no answer at all: often gone on the next try. A timeout (a silent
     route) or another status moves on to the next source."""
     assert loop._same_source_worth_retrying(outcome) is same_source
+
+
+class Failing:
+    """A source whose every answer is `outcome`."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    async def send(self, payload: object, *, timeout_s: float) -> Outcome:
+        return self.outcome
+
+
+@pytest.mark.parametrize(
+    ("outcome", "last_error"),
+    [
+        (Outcome.transient("server error", status=503), "a: transient (HTTP 503): server error"),
+        (Outcome.transient("connection refused"), "a: transient: connection refused"),
+        (Outcome.transient("", status=500), "a: transient (HTTP 500)"),
+    ],
+)
+async def test_a_verdict_names_the_last_error_with_its_status_and_reason(
+    gateway: GatewayFactory, outcome: Outcome, last_error: str
+) -> None:
+    gw = gateway(make_config("chat", outage_is_waiting=False), {"a": Failing(outcome)})
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "x")
+    assert verdict.value.reason == "retry_exhausted"
+    assert verdict.value.last_error == last_error
+    await gw.aclose()
+
+
+async def test_same_source_retries_counts_each_retry_at_the_failed_source(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    a = ScriptedSource.always(clock, steps.server_error())
+    b = ScriptedSource.always(clock, steps.ok("b"))
+    config = make_config("chat", {"a": {}, "b": {}}, same_source_retries=2, max_attempts=5,
+                         outage_is_waiting=False)  # fmt: skip
+    gw = gateway(config, {"a": a, "b": b})
+    result = await gw.call("s", "x")
+    assert [r.source for r in result.attempts] == ["a", "a", "a", "b"]  # a, then twice again
+    await gw.aclose()
+
+
+@pytest.mark.parametrize(("retry_after_s", "next_source"), [(5.0, "a"), (5.5, "b")])
+async def test_a_retry_after_as_long_as_the_wait_out_limit_is_waited_out(
+    clock: VirtualClock, gateway: GatewayFactory, retry_after_s: float, next_source: str
+) -> None:
+    a = ScriptedSource(clock, [steps.rate_limited(retry_after_s=retry_after_s), steps.ok("a")])
+    b = ScriptedSource.always(clock, steps.ok("b"))
+    config = make_config("chat", {"a": {}, "b": {}}, wait_out_retry_after_s=5.0)
+    gw = gateway(config, {"a": a, "b": b})
+    result = await gw.call("s", "x")
+    assert [r.source for r in result.attempts] == ["a", next_source]
+    await gw.aclose()
+
+
+async def test_a_success_at_the_very_instant_a_call_began_is_not_progress_since(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """Rule 15: a failure counts as the call's own only if a call of the scope succeeded
+    after the call began; one at that same instant does not tell its failure from an
+    outage, so it is charged to waiting, and the call goes on (one attempt allowed)."""
+    source = ScriptedSource(
+        clock, [steps.ok("other"), steps.server_error(duration_s=1.0), steps.ok("mine")]
+    )
+    gw = gateway(make_config("chat", max_attempts=1), {"a": source})
+    assert (await gw.call("s", "other")).value == "other"  # succeeds at t=0
+    result = await gw.call("s", "mine")  # begins at t=0, fails at t=1
+    assert result.value == "mine"
+    assert clock.now() > 1.0
+    await gw.aclose()
