@@ -134,17 +134,40 @@ async def test_a_renewal_still_unanswered_when_the_soonest_claim_ends_loses_them
     await keeper.aclose()
 
 
-async def test_a_place_whose_claim_ends_before_the_next_renewal_is_dropped_alone(
+async def test_a_call_with_a_shorter_claim_is_kept_from_its_own_third_on(
     keeper: PlaceKeeper, store: KeepingStore, clock: VirtualClock
 ) -> None:
-    long = keeper.hold([A], "long", claim_s=3.0)  # renewed at 1.0, 2.0, ...
+    """The keeper sleeping towards the first call's renewal (at 1.0) wakes for a call of
+    another scope whose claim would end first (at 1.1): both are renewed at 0.7."""
+    long = keeper.hold([A], "long", claim_s=3.0)
     await clock.sleep(0.5)
-    short = keeper.hold([B], "short", claim_s=0.5)  # (a scope that polls more often)
-    await clock.sleep(0.6)
-    assert short.lost.is_set()  # its claim ended at 1.0, when the keeper next looked
+    short = keeper.hold([B], "short", claim_s=0.6)  # (a scope that polls more often)
+    await clock.sleep(0.25)
+    assert [at for at, _ in store.batches] == [pytest.approx(0.7)]
+    assert not short.lost.is_set()
     assert not long.lost.is_set()
-    assert [call for _, call, _ in store.batches[0][1]] == ["long"]
-    assert long.valid_until == 1.0 + 3.0
+    await clock.sleep(3.0)
+    assert not short.lost.is_set()  # renewed every 0.2 s since
+    assert short.valid_until == pytest.approx(store.batches[-1][0] + 0.6)
+    await keeper.aclose()
+
+
+async def test_a_keeper_that_wakes_late_drops_the_places_whose_claims_ran_out(
+    keeper: PlaceKeeper, store: KeepingStore, clock: VirtualClock
+) -> None:
+    """Its process was busy past a claim's end (the event loop blocked): that place is
+    dropped, not renewed, since the store may have passed it over; the others are kept."""
+    ended = keeper.hold([A], "ended", claim_s=3.0)  # until 3.0, due at 1.0
+    await clock.sleep(0)
+    clock.advance(2.0)
+    kept = keeper.hold([B], "kept", claim_s=3.0)  # held at 2.0, until 5.0
+    clock.advance(1.0)  # the keeper wakes at 3.0, exactly when the first claim ends
+    await clock.sleep(0.01)
+    assert ended.lost.is_set()
+    assert not kept.lost.is_set()
+    assert [(at, [call for _, call, _ in asked]) for at, asked in store.batches] == [
+        (3.0, ["kept"])
+    ]
     await keeper.aclose()
 
 
