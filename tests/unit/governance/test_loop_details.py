@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted, MemoryStore, Outcome
+from polygate_celery import AllSourcesExhausted, MemoryStore, Outcome, SourceFatalError
 from polygate_celery.governance import loop
-from polygate_celery.telemetry import SourceAlertEvent, WaitEvent
+from polygate_celery.telemetry import AttemptEvent, SourceAlertEvent, WaitEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config
 
@@ -224,7 +224,7 @@ async def test_a_verdict_names_the_last_error_with_its_status_and_reason(
     gw = gateway(make_config("chat", outage_is_waiting=False), {"a": Failing(outcome)})
     with pytest.raises(AllSourcesExhausted) as verdict:
         await gw.call("s", "x")
-    assert verdict.value.reason == "retry_exhausted"
+    assert (verdict.value.reason, verdict.value.scope) == ("retry_exhausted", "s")
     assert verdict.value.last_error == last_error
     await gw.aclose()
 
@@ -269,4 +269,92 @@ async def test_a_success_at_the_very_instant_a_call_began_is_not_progress_since(
     result = await gw.call("s", "mine")  # begins at t=0, fails at t=1
     assert result.value == "mine"
     assert clock.now() > 1.0
+    await gw.aclose()
+
+
+async def test_a_fatal_answer_without_a_reason_is_reported_as_fatal_in_full(
+    gateway: GatewayFactory,
+) -> None:
+    gw = gateway(make_config("chat"), {"a": Failing(Outcome.fatal("", status=400))})
+    with pytest.raises(SourceFatalError) as fatal:
+        await gw.call("s", "x")
+    error = fatal.value
+    assert (error.reason, error.scope, error.source, error.status) == ("fatal", "s", "a", 400)
+    assert [r.source for r in error.trail] == ["a"]
+    await gw.aclose()
+
+
+async def test_rejected_everywhere_ends_with_no_source_left_in_full(
+    gateway: GatewayFactory,
+) -> None:
+    gw = gateway(make_config("chat"), {"a": Failing(Outcome.rejected("", status=422))})
+    with pytest.raises(SourceFatalError) as fatal:
+        await gw.call("s", "x")
+    error = fatal.value
+    assert (error.reason, error.scope, error.source, error.status) == (
+        "no source left: rejected",
+        "s",
+        "a",
+        422,
+    )
+    assert [r.source for r in error.trail] == ["a"]
+    await gw.aclose()
+
+
+async def test_a_failure_that_ends_at_the_deadline_is_a_deadline_verdict(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """Its last attempt failed exactly as the deadline came: the deadline ends the call,
+    not the retry budget that failure would spend."""
+    source = ScriptedSource.always(clock, steps.server_error(duration_s=10.0))
+    config = make_config("chat", max_call_s=10, max_attempts=1, outage_is_waiting=False)
+    gw = gateway(config, {"a": source})
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "x")
+    assert (verdict.value.reason, verdict.value.scope, clock.now()) == ("deadline", "s", 10.0)
+    await gw.aclose()
+
+
+async def test_each_attempt_is_reported_as_its_trail_records_it(
+    clock: VirtualClock, gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    source = ScriptedSource(clock, [steps.server_error(duration_s=1.0), steps.ok(duration_s=2)])
+    gw = gateway(make_config("chat", outage_is_waiting=False), {"a": source})
+    clock.advance(100.0)  # the call's offsets count from its start, not the clock's zero
+    result = await gw.call("s", "x")
+    events = recorder.of(AttemptEvent)
+    assert [(e.scope, e.attempt) for e in events] == [("s", 1), ("s", 2)]
+    assert [e.record for e in events] == list(result.attempts)
+    assert [(r.started_s, r.productive) for r in result.attempts] == [(0.0, True), (2.0, True)]
+    await gw.aclose()
+
+
+async def test_a_rate_limited_call_that_fails_fast_says_when_the_limit_resets(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    source = ScriptedSource.always(clock, steps.rate_limited(retry_after_s=20.0))
+    gw = gateway(make_config("chat"), {"a": source})
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "x", fail_fast=True)
+    assert clock.now() + verdict.value.retry_after_s == 20.0  # when the limit resets
+    assert verdict.value.rate_limited is True
+    await gw.aclose()
+
+
+async def test_a_retry_budget_spent_after_a_rate_limit_says_when_that_limit_resets(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """a's Retry-After is too long to wait out, b fails: the verdict's retry_after_s is
+    a's reset, known from its 429 alone (the call never asked the store again)."""
+    a = ScriptedSource.always(clock, steps.rate_limited(retry_after_s=20.0))
+    b = ScriptedSource.always(clock, steps.server_error())
+    config = make_config("chat", {"a": {}, "b": {}}, max_attempts=1, outage_is_waiting=False)
+    gw = gateway(config, {"a": a, "b": b})
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "x")
+    assert verdict.value.reason == "retry_exhausted"
+    assert [r.source for r in verdict.value.trail] == ["a", "b"]
+    assert clock.now() + verdict.value.retry_after_s == 20.0
+    assert verdict.value.rate_limited is True
+    assert verdict.value.trail[0].productive is False  # an exempt 429 is time spent waiting
     await gw.aclose()
