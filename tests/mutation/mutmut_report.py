@@ -104,6 +104,11 @@ EQUIVALENT: dict[str, Equivalent] = {
 
 PLACES = "polygate_celery.governance.places.xǁPlaceKeeperǁ"
 EQUIVALENT |= {
+    PLACES + "_run__mutmut_13": Equivalent(
+        "if wait_s >= 0:",
+        "a wait of 0 s ends at once, as no wait does: the keeper then renews, or, woken "
+        "by a call that came to wait, looks again and renews",
+    ),
     PLACES + "_keep__mutmut_31": Equivalent(
         "finished, kept = True, None",
         "a renewal that raised leaves `kept` None, and None alone loses every place it "

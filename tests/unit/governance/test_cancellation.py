@@ -180,6 +180,6 @@ async def test_a_release_that_fails_is_logged_and_the_cancellation_passes_throug
     assert record.getMessage() == (
         "scope 's': releasing a permit of 'a' failed; it returns when its lease expires"
     )
-    assert record.exc_info is not None
+    assert record.exc_info
     assert isinstance(record.exc_info[1], GovernanceBackendError)
     await gw.aclose()

@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted, MemoryStore, Outcome, SourceFatalError
+from polygate_celery import AllSourcesExhausted, MemoryStore, Outcome, SourceFatalError, Store
 from polygate_celery.governance import loop
+from polygate_celery.sources.payloads import ChatRequest, EmbeddingRequest, OcrRequest
 from polygate_celery.telemetry import AttemptEvent, SourceAlertEvent, WaitEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config
@@ -134,7 +135,8 @@ async def test_a_gate_that_cannot_be_closed_is_logged_and_the_verdict_stands(
     assert verdict.value.reason == "stalled"
     (record,) = [r for r in caplog.records if "gate" in r.getMessage()]
     assert record.getMessage() == "scope 's': closing its gate failed"
-    assert record.exc_info is not None
+    assert record.exc_info
+    assert isinstance(record.exc_info[1], ConnectionError)
     await gw.aclose()
 
 
@@ -357,4 +359,55 @@ async def test_a_retry_budget_spent_after_a_rate_limit_says_when_that_limit_rese
     assert clock.now() + verdict.value.retry_after_s == 20.0
     assert verdict.value.rate_limited is True
     assert verdict.value.trail[0].productive is False  # an exempt 429 is time spent waiting
+    await gw.aclose()
+
+
+class Capture:
+    """A source that keeps every payload it is sent."""
+
+    def __init__(self) -> None:
+        self.payloads: list[object] = []
+
+    async def send(self, payload: object, *, timeout_s: float) -> Outcome:
+        self.payloads.append(payload)
+        return Outcome.success("ok")
+
+
+async def test_each_kind_of_call_sends_its_request_as_given(gateway: GatewayFactory) -> None:
+    source = Capture()
+    gw = gateway(make_config("chat"), {"a": source})
+    messages = [{"role": "user", "content": "hi"}]
+    await gw.chat("s", messages, temperature=0.2)
+    await gw.chat("s", messages, stream=True)
+    await gw.embed("s", ["one", "two"])
+    await gw.embed("s", "alone")
+    await gw.ocr("s", b"png", prompt="read it")
+    await gw.ocr("s", b"jpg", mime="image/jpeg")
+    assert source.payloads == [
+        ChatRequest(messages, {"temperature": 0.2}, None),
+        ChatRequest(messages, {}, True),
+        EmbeddingRequest(["one", "two"]),
+        EmbeddingRequest(["alone"]),
+        OcrRequest(b"png", "image/png", "read it"),
+        OcrRequest(b"jpg", "image/jpeg", None),
+    ]
+    await gw.aclose()
+
+
+@pytest.mark.parametrize("kind", ["chat", "embed", "ocr"])
+@pytest.mark.parametrize("fail_fast", [False, True])
+async def test_each_kind_of_call_waits_unless_told_to_fail_fast(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store, kind: str, fail_fast: bool
+) -> None:
+    gw = gateway(make_config("chat", stall_window_s=10), {"a": Capture()})
+    await store.pause_source("a", 100)
+    call = {
+        "chat": lambda: gw.chat("s", [{"role": "user", "content": "hi"}], fail_fast=fail_fast),
+        "embed": lambda: gw.embed("s", ["x"], fail_fast=fail_fast),
+        "ocr": lambda: gw.ocr("s", b"png", fail_fast=fail_fast),
+    }[kind]
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await call()
+    assert verdict.value.reason == ("fail_fast" if fail_fast else "stalled")
+    assert (clock.now() == 0.0) is fail_fast
     await gw.aclose()
