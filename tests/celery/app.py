@@ -104,8 +104,10 @@ def record(self: Any, calls: GovernedCalls, text: str) -> str:
     began = time.monotonic()
 
     async def note() -> None:
-        await client.rpush(f"deferrals:{self.request.id}", str(deferral))
-        await client.rpush(f"began:{self.request.id}", repr(began))
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.rpush(f"deferrals:{self.request.id}", str(deferral))
+            pipe.rpush(f"began:{self.request.id}", repr(began))
+            await pipe.execute()
         await client.aclose()
 
     asyncio.run(note())
