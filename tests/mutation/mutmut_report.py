@@ -124,6 +124,11 @@ EQUIVALENT |= {
 
 LOOP = "polygate_celery.governance.loop.xǁGovernedCallǁ"
 EQUIVALENT |= {
+    LOOP + "_raise_if_stalled__mutmut_3": Equivalent(
+        "if stalled_s < window:",
+        "at a budget spent to the instant the store is asked, and `is_stalled` still "
+        "requires it exceeded: the early return only spares that round trip",
+    ),
     LOOP + "_plan_next__mutmut_21": Equivalent(
         "if s not in self.excluded), )",
         "the default is never used: the source that just answered 429 is never excluded "

@@ -31,8 +31,10 @@ async def test_a_queued_call_ends_at_its_deadline_to_the_instant(
 ) -> None:
     source = ScriptedSource.always(clock, steps.ok(duration_s=50))
     patient = gateway(make_config("chat", ONE_PERMIT, max_call_s=300), {"a": source})
-    hasty = gateway(make_config("chat", ONE_PERMIT, max_call_s=10, stall_window_s=60),
-                    {"a": source})  # fmt: skip
+    hasty = gateway(
+        make_config("chat", ONE_PERMIT, max_call_s=10, stall_window_s=60, poll_interval_s=3),
+        {"a": source},
+    )  # fmt: skip  (1.5 s polls)
     holder = await hold_the_permit(patient, clock)  # the same store: one permit for both
     with pytest.raises(AllSourcesExhausted) as verdict:
         await hasty.call("s", "queued")
@@ -55,6 +57,7 @@ async def test_a_queued_calls_waits_say_what_blocks_it(
     waits = [e for e in recorder.of(WaitEvent) if e.cause == "no_runnable"]
     assert waits
     assert {e.blocked for e in waits} == {(("a", "at_capacity"),)}
+    assert {e.scope for e in waits} == {"s"}
     await gw.aclose()
 
 
@@ -410,4 +413,17 @@ async def test_each_kind_of_call_waits_unless_told_to_fail_fast(
         await call()
     assert verdict.value.reason == ("fail_fast" if fail_fast else "stalled")
     assert (clock.now() == 0.0) is fail_fast
+    await gw.aclose()
+
+
+async def test_a_stall_window_spent_exactly_is_not_yet_exceeded(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
+) -> None:
+    """Stalled means the window is exceeded: at the poll where it is spent to the instant
+    (10.0 s, polls every 0.5 s) the call waits one more poll."""
+    gw = gateway(make_config("chat", stall_window_s=10, poll_interval_s=1), {"a": Capture()})
+    await store.pause_source("a", 100)
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "x")
+    assert (verdict.value.reason, clock.now()) == ("stalled", 10.5)
     await gw.aclose()
