@@ -277,31 +277,22 @@ async def test_a_success_at_the_very_instant_a_call_began_is_not_progress_since(
     await gw.aclose()
 
 
-async def test_a_fatal_answer_without_a_reason_is_reported_as_fatal_in_full(
-    gateway: GatewayFactory,
+@pytest.mark.parametrize(
+    ("outcome", "reason"),
+    [
+        (Outcome.fatal("", status=400), "fatal"),  # a fatal answer without a reason
+        (Outcome.rejected("", status=422), "no source left: rejected"),  # rejected everywhere
+    ],
+)
+async def test_a_request_no_source_can_serve_is_reported_in_full(
+    gateway: GatewayFactory, outcome: Outcome, reason: str
 ) -> None:
-    gw = gateway(make_config("chat"), {"a": Failing(Outcome.fatal("", status=400))})
+    gw = gateway(make_config("chat"), {"a": Failing(outcome)})
     with pytest.raises(SourceFatalError) as fatal:
         await gw.call("s", "x")
     error = fatal.value
-    assert (error.reason, error.scope, error.source, error.status) == ("fatal", "s", "a", 400)
-    assert [r.source for r in error.trail] == ["a"]
-    await gw.aclose()
-
-
-async def test_rejected_everywhere_ends_with_no_source_left_in_full(
-    gateway: GatewayFactory,
-) -> None:
-    gw = gateway(make_config("chat"), {"a": Failing(Outcome.rejected("", status=422))})
-    with pytest.raises(SourceFatalError) as fatal:
-        await gw.call("s", "x")
-    error = fatal.value
-    assert (error.reason, error.scope, error.source, error.status) == (
-        "no source left: rejected",
-        "s",
-        "a",
-        422,
-    )
+    assert (error.reason, error.scope, error.source) == (reason, "s", "a")
+    assert error.status == outcome.status
     assert [r.source for r in error.trail] == ["a"]
     await gw.aclose()
 
