@@ -39,6 +39,11 @@ class KeepingStore:
         kept = [(call_id, terms.name) not in self.dropped for terms, call_id, _ in places]
         return kept[:-1] if self.mode == "short" else kept
 
+    def calls(self) -> list[list[str]]:
+        """Each batch's call ids, one per place asked for (a call waiting at two sources
+        is there twice)."""
+        return [[call for _, call, _ in asked] for _, asked in self.batches]
+
 
 @pytest.fixture
 def store(clock: VirtualClock) -> KeepingStore:
@@ -90,9 +95,7 @@ async def test_a_place_the_store_no_longer_keeps_at_one_source_ends_that_wait_al
     assert [p.lost.is_set() for p in places] == lost
     await clock.sleep(1.0)  # the next batch asks for the others only
     kept = [p for p, gone in zip(places, lost, strict=True) if not gone]
-    assert [call for _, call, _ in store.batches[-1][1]] == [
-        call for p in kept for call in [p.call_id] * len(p.sources)
-    ]
+    assert store.calls()[-1] == [call for p in kept for call in [p.call_id] * len(p.sources)]
     assert {p.valid_until for p in kept} == {2.0 + 3.0}
     await keeper.aclose()
 
@@ -165,7 +168,7 @@ async def test_a_keeper_that_wakes_late_drops_the_places_whose_claims_ran_out(
     await clock.sleep(0.01)
     assert ended.lost.is_set()
     assert not kept.lost.is_set()
-    assert [(at, [call for _, call, _ in asked]) for at, asked in store.batches] == [
+    assert list(zip([at for at, _ in store.batches], store.calls(), strict=True)) == [
         (3.0, ["kept"])
     ]
     await keeper.aclose()
@@ -205,7 +208,7 @@ async def test_leaving_ends_the_renewals_of_that_call_only(
         await clock.sleep(0.5)
     stays = keeper.hold([B], "stays", claim_s=3.0)
     await clock.sleep(1.1)
-    assert [[call for _, call, _ in asked] for _, asked in store.batches] == [["stays"]]
+    assert store.calls() == [["stays"]]
     assert not stays.lost.is_set()
     await keeper.aclose()
 
@@ -217,7 +220,7 @@ async def test_a_stale_place_leaving_does_not_take_a_newer_one_of_the_same_call(
     new = keeper.hold([A], "same", claim_s=3.0)  # the call waits again, under the same id
     keeper.leave(old)
     await clock.sleep(1.1)
-    assert [call for _, call, _ in store.batches[0][1]] == ["same"]
+    assert store.calls()[0] == ["same"]
     assert new.valid_until == 1.0 + 3.0
     await keeper.aclose()
 
@@ -258,7 +261,7 @@ def test_a_keeper_moves_to_the_event_loop_of_its_latest_wait(clock: VirtualClock
 
     assert asyncio.run(wait_once("first")) is False
     assert asyncio.run(wait_once("second")) is False
-    assert [[call for _, call, _ in asked] for _, asked in store.batches] == [
+    assert store.calls() == [
         ["first"],
         ["second"],
     ]
@@ -280,7 +283,7 @@ def test_a_keeper_left_running_on_another_loop_starts_again_on_this_one(
 
         first.run_until_complete(wait_once("first"))
         second.run_until_complete(wait_once("second"))
-        assert [[call for _, call, _ in asked] for _, asked in store.batches] == [
+        assert store.calls() == [
             ["first"],
             ["second"],
         ]
