@@ -134,6 +134,27 @@ EQUIVALENT |= {
         "the default is never used: the source that just answered 429 is never excluded "
         "(only a rejection excludes one), so at least one source is left to be first",
     ),
+    LOOP + "_wait__mutmut_8": Equivalent(
+        "if delay < 0:",
+        "no caller waits 0 s: the loop raises `deadline` before asking again and after an "
+        "attempt that reached it, a queued wait returns at the deadline, a poll or a backoff "
+        "is at least half its base (both validated above 0) and a booked slot lies ahead, "
+        "so the branch for a delay cut to nothing is never taken",
+    ),
+    LOOP + "_wait__mutmut_10": Equivalent(
+        "return True",
+        "the same branch, never taken (see `_wait__mutmut_8`)",
+    ),
+    LOOP + "_wait__mutmut_11": Equivalent(
+        "woken = None",
+        "the value returned after a plain sleep (no release to watch): only a backoff "
+        "sleeps so, and its caller discards the result; None and False are both false",
+    ),
+    LOOP + "_wait__mutmut_12": Equivalent(
+        "woken = True",
+        "the value returned after a plain sleep: only a backoff sleeps so, and its caller "
+        "discards the result (every poll watches releases and returns what `within` says)",
+    ),
 }
 
 # Outcomes that leave a promise unchecked: mutmut's statuses other than these.

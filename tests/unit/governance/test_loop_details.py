@@ -418,3 +418,33 @@ async def test_a_stall_window_spent_exactly_is_not_yet_exceeded(
         await gw.call("s", "x")
     assert (verdict.value.reason, clock.now()) == ("stalled", 10.5)
     await gw.aclose()
+
+
+async def test_a_release_wakes_a_call_that_waits_for_more_than_a_permit(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
+) -> None:
+    """`a` is at capacity and `b` paused, so the call is not queued (its wait is an
+    ordinary poll); the permit `a` releases at 2.5 still ends that poll at once."""
+    source = ScriptedSource.always(clock, steps.ok(duration_s=2.5))
+    config = make_config("chat", {"a": {"max_concurrency": 1}, "b": {}}, poll_interval_s=10)
+    gw = gateway(config, {"a": source, "b": ScriptedSource.always(clock, steps.ok("b"))})
+    await store.pause_source("b", 100)
+    holder = await hold_the_permit(gw, clock)  # holds a's permit until 2.5
+    result = await gw.call("s", "waits")  # from 0.5
+    assert (result.source, result.attempts[0].started_s) == ("a", 2.0)
+    await holder
+    await gw.aclose()
+
+
+async def test_a_failure_at_the_deadline_ends_the_call_without_a_backoff(
+    clock: VirtualClock, gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    """The attempt's timeout is cut to the deadline, so its failure comes at the deadline
+    itself, with retry budget left: the call ends there, with no backoff wait."""
+    source = ScriptedSource.always(clock, steps.server_error(duration_s=30.0))
+    gw = gateway(make_config("chat", max_call_s=10, outage_is_waiting=False), {"a": source})
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "x")
+    assert (verdict.value.reason, clock.now()) == ("deadline", 10.0)
+    assert recorder.of(WaitEvent) == []
+    await gw.aclose()
