@@ -189,6 +189,22 @@ then killed under 1,000 tasks) | rows only from runs whose tests passed | `make 
 `benchmarks/results/mutations.md` |"""
 
 
+def mutmut() -> str:
+    """What mutmut's mutants of the core, the loop and the Celery layer came to."""
+    text = (RESULTS / "mutmut.md").read_text(encoding="utf-8")
+    cells = table_rows(text, "| module |")["**all**"]
+    total, killed, equivalent, wording, survived, unreached = (int(c.strip("*")) for c in cells)
+    where = re.search(r"## Survived \((\d+); where none may be: (\d+)\)", text)
+    assert where, "mutmut.md lost its Survived heading"
+    return (
+        "| mutants of the decision core, the governance loop and the Celery layer (mutmut) "
+        f"| {total:,} made: {killed:,} killed, {equivalent + wording:,} equivalent or log "
+        f"wording, {survived} survived, {where.group(2)} of them in `core/`, the lease or "
+        f"the stall rules; {unreached:,} in worker-only code, not run per mutant "
+        "| `make mutate` → `benchmarks/results/mutmut.md` |"
+    )
+
+
 def memory() -> str:
     """The key layout's table of measured sizes, and what an entity costs, from the
     store benchmark's MEMORY USAGE table."""
@@ -240,7 +256,9 @@ def measured() -> str:
     """The Measured table: every row from a committed results file or a named test."""
     header = "| what | figure | how |\n|---|---|---|"
     static = STATIC.replace("\\\n", "").replace("{TIMES}", TIMES)
-    return "\n".join([header, redis_store(), wakeups(), deferral(), goodput_rows(), static])
+    return "\n".join(
+        [header, redis_store(), wakeups(), deferral(), goodput_rows(), static, mutmut()]
+    )
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
