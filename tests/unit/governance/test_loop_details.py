@@ -10,10 +10,18 @@ import re
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted, MemoryStore, Outcome, SourceFatalError, Store
+from polygate_celery import (
+    AllSourcesExhausted,
+    ConfigError,
+    Gateway,
+    MemoryStore,
+    Outcome,
+    SourceFatalError,
+    Store,
+)
 from polygate_celery.governance import loop
 from polygate_celery.sources.payloads import ChatRequest, EmbeddingRequest, OcrRequest
-from polygate_celery.telemetry import AttemptEvent, SourceAlertEvent, WaitEvent
+from polygate_celery.telemetry import AttemptEvent, SourceAlertEvent, VerdictEvent, WaitEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config
 
@@ -395,10 +403,11 @@ async def test_each_kind_of_call_waits_unless_told_to_fail_fast(
 ) -> None:
     gw = gateway(make_config("chat", stall_window_s=10), {"a": Capture()})
     await store.pause_source("a", 100)
+    told = {"fail_fast": True} if fail_fast else {}  # waiting is the default
     call = {
-        "chat": lambda: gw.chat("s", [{"role": "user", "content": "hi"}], fail_fast=fail_fast),
-        "embed": lambda: gw.embed("s", ["x"], fail_fast=fail_fast),
-        "ocr": lambda: gw.ocr("s", b"png", fail_fast=fail_fast),
+        "chat": lambda: gw.chat("s", [{"role": "user", "content": "hi"}], **told),
+        "embed": lambda: gw.embed("s", ["x"], **told),
+        "ocr": lambda: gw.ocr("s", b"png", **told),
     }[kind]
     with pytest.raises(AllSourcesExhausted) as verdict:
         await call()
@@ -447,4 +456,70 @@ async def test_a_failure_at_the_deadline_ends_the_call_without_a_backoff(
         await gw.call("s", "x")
     assert (verdict.value.reason, clock.now()) == ("deadline", 10.0)
     assert recorder.of(WaitEvent) == []
+    await gw.aclose()
+
+
+@pytest.mark.parametrize("kind", ["embed", "ocr"])
+async def test_embeddings_and_ocr_reserve_their_estimate_against_the_token_quota(
+    clock: VirtualClock, gateway: GatewayFactory, kind: str
+) -> None:
+    """Each call's estimate (about 1,000 tokens for 4,000 characters, 1,512 for a page)
+    is reserved before it is sent, and kept when the source reports no usage: at 1,600
+    tokens a minute the second call waits for the quota."""
+    gw = gateway(make_config("chat", {"a": {"tpm": 1600}}), {"a": Capture()})
+    call = {"embed": lambda: gw.embed("s", ["x" * 4000]), "ocr": lambda: gw.ocr("s", b"png")}
+    await call[kind]()
+    assert clock.now() == 0.0
+    await call[kind]()
+    assert clock.now() > 10.0
+    await gw.aclose()
+
+
+async def test_a_verdict_is_reported_with_what_ended_the_call(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store, recorder: Recorder
+) -> None:
+    source = ScriptedSource.always(clock, steps.ok(duration_s=2))
+    gw = gateway(make_config("chat", stall_window_s=10, poll_interval_s=1), {"a": source})
+    await gw.call("s", "x")
+    await store.pause_source("a", 100)
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "x")
+    assert recorder.of(VerdictEvent) == [
+        VerdictEvent("s", "success", 1, 2.0, 0.0, None, "a"),
+        VerdictEvent("s", "stalled", 0, 10.5, 10.5, verdict.value.retry_after_s, None),
+    ]
+    assert verdict.value.retry_after_s is not None
+    await gw.aclose()
+
+
+def test_a_scope_without_an_adapter_for_a_source_is_refused_naming_it(clock: VirtualClock) -> None:
+    config = make_config("chat", {"a": {}, "b": {}})
+    with pytest.raises(ConfigError) as refused:
+        Gateway(config, {"a": Capture()}, store=MemoryStore(clock), clock=clock)
+    assert str(refused.value) == (
+        "invalid configuration: sources.b: no adapter was given for this source"
+    )
+
+
+async def test_an_unknown_scope_is_named_in_the_error(gateway: GatewayFactory) -> None:
+    gw = gateway(make_config("chat"), {"a": Capture()})
+    with pytest.raises(ConfigError) as refused:
+        await gw.call("summarize", "x")
+    assert (refused.value.field, refused.value.message) == (
+        "scopes.summarize",
+        "no scope named 'summarize'",
+    )
+    await gw.aclose()
+
+
+async def test_a_gateway_without_a_store_builds_one_on_its_own_clock() -> None:
+    """No store given and none configured: an in-memory store that reads the gateway's
+    clock, so a pause runs out in the gateway's (here virtual) time."""
+    clock = VirtualClock()
+    gw = Gateway(make_config("chat"), {"a": Capture()}, clock=clock)
+    await gw.store.pause_source("a", 30)
+    with pytest.raises(AllSourcesExhausted):
+        await gw.call("s", "x", fail_fast=True)
+    clock.advance(31)
+    assert (await gw.call("s", "x", fail_fast=True)).value == "ok"
     await gw.aclose()
