@@ -16,6 +16,7 @@ from polygate_celery import (
     Outcome,
     SourceFatalError,
 )
+from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import OutcomeKind, RateLimits
 from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.telemetry import VerdictEvent
@@ -137,3 +138,27 @@ async def test_each_way_a_call_ends_is_reported_as_its_verdict(
     ]
     for gw in (fatal, down, slow):
         await gw.aclose()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "effect"),
+    [
+        (Outcome(OutcomeKind.TRANSIENT, reason="timeout", timed_out=True), Effect.NEUTRAL),
+        (Outcome.transient("unavailable", status=503), Effect.FAILURE),
+    ],
+    ids=["timeout", "503"],
+)
+async def test_only_a_timeout_the_deadline_cut_short_says_nothing_of_the_source(
+    clock: VirtualClock, own_store_gateway: GatewayFactory, outcome: Outcome, effect: Effect
+) -> None:
+    """The call's 10 s left cut the source's 60 s timeout: a timeout then is the call's
+    deadline, not the source's slowness, and neither fails it nor asks for a decrease;
+    a 503 in the same attempt is the source's failure as ever."""
+    store = SettlingStore(clock)
+    config = make_config("chat", {"a": {"timeout_s": 60}}, max_call_s=10)
+    gw = own_store_gateway(config, {"a": Answers(*[outcome] * 20)}, store=store)
+    with contextlib.suppress(AllSourcesExhausted):
+        await gw.call("s", "x")
+    first = store.settlements[0]
+    assert (first.effect, first.congested) == (effect, False)
+    await gw.aclose()
