@@ -10,9 +10,10 @@ import pytest
 
 from polygate_celery import GovernanceBackendError, MemoryStore, Outcome, Store
 from polygate_celery.core.breaker import Effect
-from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
+from polygate_celery.store import Settlement
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, make_config
+from tests.unit.governance.recording import RecordingStore
 
 
 async def cancel_at(clock: VirtualClock, task: asyncio.Task[object], when: float) -> None:
@@ -109,31 +110,6 @@ async def test_a_cancellation_during_the_release_still_passes_through(
     await canceller
     await clock.sleep(10)
     assert (await gw.snapshot("s"))[0].permits_in_use == 0  # the release still completed
-
-
-class RecordingStore(MemoryStore):
-    """The in-memory store, keeping each admission it grants and each settlement; its
-    settlements can be made to fail."""
-
-    def __init__(self, clock: VirtualClock, settle_fails: bool = False) -> None:
-        super().__init__(clock)
-        self.settle_fails = settle_fails
-        self.requests: list[AdmitRequest] = []
-        self.grants: list[Grant] = []
-        self.settlements: list[Settlement] = []
-
-    async def admit(self, request: AdmitRequest) -> Grant | Denial:
-        admission = await super().admit(request)
-        if isinstance(admission, Grant):
-            self.requests.append(request)
-            self.grants.append(admission)
-        return admission
-
-    async def settle(self, settlement: Settlement) -> bool:
-        self.settlements.append(settlement)
-        if self.settle_fails:
-            raise GovernanceBackendError("connection refused")
-        return await super().settle(settlement)
 
 
 async def test_a_cancelled_attempt_gives_its_permit_back_as_neutral(

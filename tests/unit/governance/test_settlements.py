@@ -18,10 +18,11 @@ from polygate_celery import (
 )
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import OutcomeKind, RateLimits
-from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
+from polygate_celery.store import AdmitRequest, Denial, Grant
 from polygate_celery.telemetry import VerdictEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config
+from tests.unit.governance.recording import RecordingStore
 
 LIMITS = RateLimits(requests_limit=60, requests_remaining=59, tokens_limit=9000)
 
@@ -34,21 +35,6 @@ class Answers:
 
     async def send(self, payload: object, *, timeout_s: float) -> Outcome:
         return self.outcomes.pop(0)
-
-
-class SettlingStore(MemoryStore):
-    """The in-memory store, keeping each settlement; settling can be made to fail."""
-
-    def __init__(self, clock: VirtualClock, fails: bool = False) -> None:
-        super().__init__(clock)
-        self.fails = fails
-        self.settlements: list[Settlement] = []
-
-    async def settle(self, settlement: Settlement) -> bool:
-        self.settlements.append(settlement)
-        if self.fails:
-            raise GovernanceBackendError("connection refused")
-        return await super().settle(settlement)
 
 
 @pytest.mark.parametrize(
@@ -76,7 +62,7 @@ async def test_an_attempt_settles_what_its_answer_says(
     """Tokens: the reported usage, else (a success) the estimate, else none. A 429 or a
     timeout is congestion; only a 429's Retry-After pauses the source. The provider's
     rate-limit headers go to the store as they came."""
-    store = SettlingStore(clock)
+    store = RecordingStore(clock)
     source = Answers(outcome, Outcome.success("later"))
     config = make_config("chat", max_attempts=1, outage_is_waiting=False)
     gw = own_store_gateway(config, {"a": source}, store=store)
@@ -92,7 +78,7 @@ async def test_an_attempt_settles_what_its_answer_says(
 async def test_a_success_whose_recording_fails_is_returned_and_logged(
     clock: VirtualClock, own_store_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = SettlingStore(clock, fails=True)
+    store = RecordingStore(clock, settle_fails=True)
     gw = own_store_gateway(
         make_config("chat"), {"a": Answers(Outcome.success("paid"))}, store=store
     )
@@ -154,7 +140,7 @@ async def test_only_a_timeout_the_deadline_cut_short_says_nothing_of_the_source(
     """The call's 10 s left cut the source's 60 s timeout: a timeout then is the call's
     deadline, not the source's slowness, and neither fails it nor asks for a decrease;
     a 503 in the same attempt is the source's failure as ever."""
-    store = SettlingStore(clock)
+    store = RecordingStore(clock)
     config = make_config("chat", {"a": {"timeout_s": 60}}, max_call_s=10)
     gw = own_store_gateway(config, {"a": Answers(*[outcome] * 20)}, store=store)
     with contextlib.suppress(AllSourcesExhausted):

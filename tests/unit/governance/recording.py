@@ -1,0 +1,33 @@
+"""A store that keeps what the loop asks of it, for tests that read each admission
+and settlement."""
+
+from __future__ import annotations
+
+from polygate_celery import GovernanceBackendError, MemoryStore
+from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
+from polygate_celery.testing import VirtualClock
+
+
+class RecordingStore(MemoryStore):
+    """The in-memory store, keeping each admission it grants and each settlement; its
+    settlements can be made to fail."""
+
+    def __init__(self, clock: VirtualClock, settle_fails: bool = False) -> None:
+        super().__init__(clock)
+        self.settle_fails = settle_fails
+        self.requests: list[AdmitRequest] = []
+        self.grants: list[Grant] = []
+        self.settlements: list[Settlement] = []
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        admission = await super().admit(request)
+        if isinstance(admission, Grant):
+            self.requests.append(request)
+            self.grants.append(admission)
+        return admission
+
+    async def settle(self, settlement: Settlement) -> bool:
+        self.settlements.append(settlement)
+        if self.settle_fails:
+            raise GovernanceBackendError("connection refused")
+        return await super().settle(settlement)
