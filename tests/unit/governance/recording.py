@@ -1,9 +1,9 @@
 """A store that keeps what the loop asks of it, for tests that read each admission
-and settlement."""
+and settlement, and a source that answers as told."""
 
 from __future__ import annotations
 
-from polygate_celery import GovernanceBackendError, MemoryStore
+from polygate_celery import GovernanceBackendError, MemoryStore, Outcome
 from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.testing import VirtualClock
 
@@ -31,3 +31,13 @@ class RecordingStore(MemoryStore):
         if self.settle_fails:
             raise GovernanceBackendError("connection refused")
         return await super().settle(settlement)
+
+
+class Answers:
+    """A source that gives `outcomes` in turn, the last one for ever after."""
+
+    def __init__(self, *outcomes: Outcome) -> None:
+        self.outcomes = list(outcomes)
+
+    async def send(self, payload: object, *, timeout_s: float) -> Outcome:
+        return self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]

@@ -24,6 +24,7 @@ from polygate_celery.sources.payloads import ChatRequest, EmbeddingRequest, OcrR
 from polygate_celery.telemetry import AttemptEvent, SourceAlertEvent, VerdictEvent, WaitEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config
+from tests.unit.governance.recording import Answers
 
 ONE_PERMIT = {"a": {"max_concurrency": 1}}
 
@@ -213,16 +214,6 @@ def test_which_failures_are_worth_a_second_try_at_the_same_source(
     assert loop._same_source_worth_retrying(outcome) is same_source
 
 
-class Failing:
-    """A source whose every answer is `outcome`."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-
-    async def send(self, payload: object, *, timeout_s: float) -> Outcome:
-        return self.outcome
-
-
 @pytest.mark.parametrize(
     ("outcome", "last_error"),
     [
@@ -234,7 +225,7 @@ class Failing:
 async def test_a_verdict_names_the_last_error_with_its_status_and_reason(
     gateway: GatewayFactory, outcome: Outcome, last_error: str
 ) -> None:
-    gw = gateway(make_config("chat", outage_is_waiting=False), {"a": Failing(outcome)})
+    gw = gateway(make_config("chat", outage_is_waiting=False), {"a": Answers(outcome)})
     with pytest.raises(AllSourcesExhausted) as verdict:
         await gw.call("s", "x")
     assert (verdict.value.reason, verdict.value.scope) == ("retry_exhausted", "s")
@@ -295,7 +286,7 @@ async def test_a_success_at_the_very_instant_a_call_began_is_not_progress_since(
 async def test_a_request_no_source_can_serve_is_reported_in_full(
     gateway: GatewayFactory, outcome: Outcome, reason: str
 ) -> None:
-    gw = gateway(make_config("chat"), {"a": Failing(outcome)})
+    gw = gateway(make_config("chat"), {"a": Answers(outcome)})
     with pytest.raises(SourceFatalError) as fatal:
         await gw.call("s", "x")
     error = fatal.value

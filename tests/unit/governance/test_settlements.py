@@ -22,19 +22,9 @@ from polygate_celery.store import AdmitRequest, Denial, Grant
 from polygate_celery.telemetry import VerdictEvent
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config
-from tests.unit.governance.recording import RecordingStore
+from tests.unit.governance.recording import Answers, RecordingStore
 
 LIMITS = RateLimits(requests_limit=60, requests_remaining=59, tokens_limit=9000)
-
-
-class Answers:
-    """A source that gives the outcomes in turn."""
-
-    def __init__(self, *outcomes: Outcome) -> None:
-        self.outcomes = list(outcomes)
-
-    async def send(self, payload: object, *, timeout_s: float) -> Outcome:
-        return self.outcomes.pop(0)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +132,7 @@ async def test_only_a_timeout_the_deadline_cut_short_says_nothing_of_the_source(
     a 503 in the same attempt is the source's failure as ever."""
     store = RecordingStore(clock)
     config = make_config("chat", {"a": {"timeout_s": 60}}, max_call_s=10)
-    gw = own_store_gateway(config, {"a": Answers(*[outcome] * 20)}, store=store)
+    gw = own_store_gateway(config, {"a": Answers(outcome)}, store=store)
     with contextlib.suppress(AllSourcesExhausted):
         await gw.call("s", "x")
     first = store.settlements[0]
