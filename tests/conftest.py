@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import platform
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -233,24 +234,49 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under ``make soak``, write this session's figures into soak.md, keeping the rows of
-    tests it did not run (each row says which run measured it)."""
+    tests it did not run (each row says which run measured it) unless their file ran
+    without them (a test renamed or removed)."""
     if not soak.SOAK or not _FIGURES:
         return
-    run = f"{time.strftime('%Y-%m-%d %H:%M')}, exit {exitstatus}"
-    rows = _soak_rows() | {nodeid: f"{text} | {run}" for nodeid, text in _FIGURES}
+    run = f"{time.strftime('%Y-%m-%d %H:%M')}, {_commit()}, exit {exitstatus}"
+    files = {item.nodeid.split("::")[0] for item in session.items}
+    ran = {item.nodeid for item in session.items}
+    kept = {
+        nodeid: row
+        for nodeid, row in _soak_rows().items()
+        if nodeid.split("::")[0] not in files or nodeid in ran
+    }
+    rows = kept | {nodeid: f"{text} | {run}" for nodeid, text in _FIGURES}
     lines = [
         "# Soak tier: heavy fault trials at full size",
         "",
         f"`make soak` on {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}. Each row comes from the run it names (a run of some "
         "of the tests rewrites their rows only), and only from tests that passed. The CI runs "
-        "the same tests at smaller sizes, but the frozen-then-killed Redis run (soak only).",
+        "the same tests at smaller sizes, except the frozen-then-killed Redis run (soak only).",
         "",
-        "| test | figures | run (pytest exit status) |",
+        "| test | figures | run (commit, pytest exit status) |",
         "|---|---|---|",
     ]
     lines += [f"| `{nodeid}` | {row} |" for nodeid, row in rows.items()]
     SOAK_RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _commit() -> str:
+    """The checkout's commit, marked when its tree has changes (a run of what is not
+    committed)."""
+    root = SOAK_RESULTS.parents[2]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    try:
+        sha = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except OSError:
+        return "commit unknown"
+    return f"{sha or 'commit unknown'}{' with changes' if dirty else ''}"
 
 
 def _soak_rows() -> dict[str, str]:
