@@ -20,62 +20,72 @@ from typing import Self
 
 
 class ReleaseHub:
-    """The watches of one process, oldest first per source."""
+    """The watches of one process: those of callers that do not queue, oldest first per
+    source, and those of queued calls by call id (a call has one watch at a time), so
+    each wake-up costs the same however many calls wait."""
 
     def __init__(self) -> None:
-        self._watches: dict[str, list[Watch]] = {}
+        self._anonymous: dict[str, dict[Watch, None]] = {}  # by source, oldest first
+        self._calls: dict[str, Watch] = {}  # call id -> its watch, oldest first
 
     def watch(self, sources: Iterable[str], call_id: str = "") -> Watch:
         watch = Watch(self, tuple(sources), call_id)
-        for name in watch.sources:
-            self._watches.setdefault(name, []).append(watch)
+        if call_id:
+            self._calls[call_id] = watch
+        else:
+            for name in watch.sources:
+                self._anonymous.setdefault(name, {})[watch] = None
         return watch
 
     def released(self, source: str) -> None:
         """A permit of `source` was released and no queued call was handed it: wake the
         oldest watch not yet woken of a caller that does not queue (one without a call
         id: a queued caller is woken by `wake_call` alone)."""
-        for watch in self._watches.get(source, ()):
-            if watch.woken_by is None and not watch.call_id:
+        for watch in self._anonymous.get(source, ()):
+            if watch.woken_by is None:
                 watch.wake(source)
                 return
 
     def wake_call(self, call_id: str, source: str) -> None:
         """A permit of `source` was handed to the call `call_id`: wake its watch, if it
         still watches (else the permit returns when the call's claim ends)."""
-        for watch in self._watches.get(source, ()):
-            if watch.call_id == call_id:
-                watch.wake(source, handed=True)
-                return
+        watch = self._calls.get(call_id)
+        if watch is not None and source in watch.sources:
+            watch.wake(source, handed=True)
 
     def note_queued(self, call_id: str) -> None:
         """The call `call_id` was just queued for a permit (refused for capacity)."""
-        for watches in self._watches.values():
-            for watch in watches:
-                if watch.call_id == call_id:
-                    watch.queued = True
+        watch = self._calls.get(call_id)
+        if watch is not None:
+            watch.queued = True
 
     def queued_calls(self) -> dict[str, list[str]]:
         """The calls waiting in a queue and not woken yet, by source (for a process that
         begins to hear hand-overs: one sent before could not be heard)."""
         calls: dict[str, list[str]] = {}
-        for source, watches in self._watches.items():
-            for watch in watches:
-                if watch.queued and watch.woken_by is None:
-                    calls.setdefault(source, []).append(watch.call_id)
+        for call_id, watch in self._calls.items():
+            if watch.queued and watch.woken_by is None:
+                for source in watch.sources:
+                    calls.setdefault(source, []).append(call_id)
         return calls
 
     def waiting(self, source: str) -> int:
         """Watches of `source` not yet woken (for tests and status views)."""
-        return sum(1 for w in self._watches.get(source, ()) if w.woken_by is None)
+        anonymous = self._anonymous.get(source, {})
+        queued = (w for w in self._calls.values() if source in w.sources)
+        return sum(1 for w in (*anonymous, *queued) if w.woken_by is None)
 
     def _remove(self, watch: Watch) -> None:
+        if watch.call_id:
+            if self._calls.get(watch.call_id) is watch:
+                del self._calls[watch.call_id]
+            return
         for name in watch.sources:
-            watches = self._watches.get(name)
-            if watches is not None and watch in watches:
-                watches.remove(watch)
+            watches = self._anonymous.get(name)
+            if watches is not None:
+                watches.pop(watch, None)
                 if not watches:
-                    del self._watches[name]
+                    del self._anonymous[name]
 
 
 class Watch:
