@@ -14,7 +14,7 @@ from polygate_celery.core.breaker import Effect
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Grant, Settlement
 from polygate_celery.store.redis import KeySpace, RedisStore
-from tests.redis_server import free_port
+from tests.redis_server import RedisServer, free_port
 
 TERMS = SourceTerms("a", 2, quota=QuotaTerms("shared", rpm=60))
 
@@ -101,21 +101,23 @@ async def test_an_expired_lease_is_not_revived_by_a_renewal(
 
 
 async def test_a_connection_the_server_closed_is_replaced_before_the_next_call(
-    redis_url: str, fleet_prefix: str
+    fleet_prefix: str,
 ) -> None:
-    """admit and settle keep their connections between calls (as the pool would)."""
-    store = RedisStore.from_url(redis_url, prefix=fleet_prefix)
-    grant = await store.admit(AdmitRequest("s", (TERMS,), "p"))
-    assert isinstance(grant, Grant)
-    killer = Redis.from_url(redis_url)
-    assert await killer.client_kill_filter(_type="normal", skipme=True) >= 1
-    await killer.aclose()
-    await asyncio.sleep(0.5)  # the closed connection's end reaches the event loop
-    settled = Settlement("s", TERMS, "p", grant.admitted_at, Effect.SUCCESS)
-    assert await store.settle(settled) is True
-    await store.client.script_flush()  # and the scripts are loaded again on that path
-    assert isinstance(await store.admit(AdmitRequest("s", (TERMS,), "q")), Grant)
-    await store.aclose()
+    """admit and settle keep their connections between calls (as the pool would). On a
+    private server: killing every client of a shared one would cut tests running beside."""
+    with RedisServer() as server:
+        store = RedisStore.from_url(server.url, prefix=fleet_prefix)
+        grant = await store.admit(AdmitRequest("s", (TERMS,), "p"))
+        assert isinstance(grant, Grant)
+        killer = Redis.from_url(server.url)
+        assert await killer.client_kill_filter(_type="normal", skipme=True) >= 1
+        await killer.aclose()
+        await asyncio.sleep(0.5)  # the closed connection's end reaches the event loop
+        settled = Settlement("s", TERMS, "p", grant.admitted_at, Effect.SUCCESS)
+        assert await store.settle(settled) is True
+        await store.client.script_flush()  # and the scripts are loaded again on that path
+        assert isinstance(await store.admit(AdmitRequest("s", (TERMS,), "q")), Grant)
+        await store.aclose()
 
 
 async def test_a_hand_over_sent_before_the_waiters_process_listens_is_not_lost(
