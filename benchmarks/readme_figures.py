@@ -205,6 +205,47 @@ def mutmut() -> str:
     )
 
 
+FAULTS = {
+    "pool_kill": "pool-child SIGKILL",
+    "conn_drop": "`CLIENT KILL` of broker connections",
+    "cold_shutdown": "cold shutdown",
+    "redis_restart": "Redis restart with tasks parked",
+}
+
+
+def matrix() -> str:
+    """What the soak tier's matrix groups met, from their rows in soak.md."""
+    text = (RESULTS / "soak.md").read_text(encoding="utf-8")
+    groups = re.findall(
+        r"^\| `tests/celery/test_matrix\.py::test_a_deferred_task_survives_the_fault"
+        r"\[(\w+)-(\w+)\]` \| (.*?) \| (.*?) \|$",
+        text,
+        re.M,
+    )
+    assert groups, "soak.md has no matrix rows"
+    injected: dict[str, list[str]] = {}
+    reruns = plain = lost = 0
+    for fault, _pool, figures, _run in groups:
+        if fault in FAULTS:
+            count = re.search(r"; (\d+) injections", figures)
+            assert count, f"a matrix row without its injections: {figures[:60]}"
+            injected.setdefault(fault, []).append(count.group(1))
+        reruns += sum(int(n) for n in re.findall(r"(\d+) run\(s\) again after a kill", figures))
+        plain += sum(int(n) for n in re.findall(r"(\d+) plain follow-up run\(s\) again", figures))
+        lost += sum(int(n) for n in re.findall(r"(\d+) task\(s\) never read", figures))
+    runs = sorted({run.split(", exit")[0] for *_, run in groups})
+    faults = "; ".join(
+        f"{FAULTS[fault]}: {' and '.join(counts)}" for fault, counts in injected.items()
+    )
+    return (
+        f"The soak tier ran every cell at 200 tasks per row, and every group passed "
+        f"(`benchmarks/results/soak.md`, {' and '.join(runs)}; {len(groups)} groups; "
+        f"injections per group: {faults}; {reruns} run(s) of a body again after a kill "
+        f"between its end and its stored outcome, {plain} plain follow-up run(s) again; "
+        f"{lost} task(s) lost in delivery):"
+    )
+
+
 def memory() -> str:
     """The key layout's table of measured sizes, and what an entity costs, from the
     store benchmark's MEMORY USAGE table."""
@@ -265,6 +306,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "goodput": goodput,
     "memory": memory,
     "measured": measured,
+    "matrix": matrix,
 }
 
 
