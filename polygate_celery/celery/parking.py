@@ -11,8 +11,10 @@ release loop: claim due entries (with a lease) → publish each, unchanged, with
 kombu (on RabbitMQ with publisher confirms: the publish returns once the broker
 holds the message, and raises if it refuses it) → confirm. A confirmed entry
 stays until the run it starts begins (the run's guard forgets it), and is
-released again after `release_check_s` if no run began: a message the broker
-lost in delivery is not lost. A releaser that dies mid-release loses nothing
+released again after `release_check_s` if no run began, each later time after
+twice as long (at most 32 times): a message the broker lost in delivery is not
+lost, and one only queued behind a long backlog is copied a few times, not once
+per check. A releaser that dies mid-release loses nothing
 (the lease ends and another takes over), and a copy that this might publish
 twice is dropped when it runs (`guard`). An entry that is not a task message
 goes to the lot's dead letters (``:dead``, shown by

@@ -475,7 +475,8 @@ class DeferralConfig(_Strict):
     release_check_s: PositiveSeconds = Field(
         300.0,
         description="a released task whose run has not begun after this long is released "
-        "again (its message was lost in delivery); a copy is dropped by its run's guard",
+        "again (its message was lost in delivery), each later time after twice as long as the "
+        "time before (at most 32 x); a copy is dropped by its run's guard",
     )
     heartbeat_s: PositiveSeconds = Field(
         2.0,

@@ -417,3 +417,4 @@ def test_a_released_message_the_broker_lost_is_released_again(governed_worker: W
         assert runtime.run(releaser.release_due()) == 1  # due again: released again
         assert result.get(timeout=20) == "fine"
         wait_until(lambda: runtime.run(lot.size()) == 0, within_s=10)  # its run forgot it
+        assert runtime.run(lot.client.hgetall(lot.keys[1])) == {}  # and its release count

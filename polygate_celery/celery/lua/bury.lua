@@ -8,7 +8,7 @@
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
 local entry = redis.call('HGET', KEYS[2], ARGV[1]) or ''
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1], ARGV[1] .. '#released')
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[3] .. '\n' .. string.sub(entry, 1, 4096))
 return 1

@@ -9,7 +9,13 @@
 -- A kept entry is due again after ARGV[3] seconds: a published message that the broker
 -- lost before any worker ran it (kombu's Redis transport pops a message before it
 -- records it as unacknowledged) is released again; a copy is dropped by its run's guard.
+-- Each release of the same entry keeps it twice as long as the one before (at most
+-- MAX_DOUBLINGS times doubled; the count is the field "<id>#released" of KEYS[2]): a
+-- message that is only waiting behind a long queue is copied a few times, not once per
+-- ARGV[3] for as long as the queue takes (each copy would lengthen the queue).
 -- Time: Redis TIME.
+
+local MAX_DOUBLINGS = 5
 
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[1])
@@ -17,11 +23,16 @@ local keep = tonumber(ARGV[3])
 if keep > 0 then
   -- The run may have begun already and forgotten the entry (execution.lua): keep
   -- nothing then, or the entry would come back without its message.
-  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 1 end
+  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
+    redis.call('HDEL', KEYS[2], ARGV[1] .. '#released')
+    return 1
+  end
+  local released = redis.call('HINCRBY', KEYS[2], ARGV[1] .. '#released', 1)
+  keep = keep * 2 ^ math.min(released - 1, MAX_DOUBLINGS)
   local t = redis.call('TIME')
   redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(t[2]) / 1000000 + keep, ARGV[1])
 else
   redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1], ARGV[1] .. '#released')
 end
 return 1

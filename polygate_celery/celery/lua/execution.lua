@@ -41,7 +41,8 @@ if mode == 'finish' or mode == 'release' or mode == 'handback' then
 end
 if KEYS[5] then
   redis.call('ZREM', KEYS[4], ARGV[8], ARGV[8] .. ':copy')
-  redis.call('HDEL', KEYS[5], ARGV[8], ARGV[8] .. ':copy')
+  redis.call('HDEL', KEYS[5], ARGV[8], ARGV[8] .. ':copy', ARGV[8] .. '#released',
+    ARGV[8] .. ':copy#released')
 end
 local began = redis.call('GET', KEYS[2])
 if began and string.sub(began, 1, 2) ~= 'b:' then return {'done'} end
