@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,18 @@ def done(results: list[AsyncResult]) -> int:
     return sum(1 for r in results if r.state in ("SUCCESS", "FAILURE"))
 
 
-def wait_for(condition: Any, within_s: float, what: str) -> None:
+def unfinished(results: list[AsyncResult]) -> str:
+    """The tasks without a final state: how many in each state, and the first ids."""
+    left = [r for r in results if r.state not in ("SUCCESS", "FAILURE")]
+    ids = ", ".join(r.id for r in left[:10])
+    return f"{len(left)} ({dict(Counter(r.state for r in left))}; first: {ids})"
+
+
+def wait_for(condition: Any, within_s: float, what: str | Callable[[], str]) -> None:
     deadline = time.monotonic() + within_s
     while not condition():
-        assert time.monotonic() < deadline, what
+        if time.monotonic() >= deadline:
+            raise AssertionError(what() if callable(what) else what)
         time.sleep(0.2)
 
 
@@ -63,27 +72,37 @@ def test_a_frozen_then_killed_redis_loses_no_task(tmp_path: Path, figures: Figur
         # it used, which in a whole run is the shared test Redis, not this one.
         client = Celery("faults_client", broker=url, backend=url)
         client.conf.task_default_queue = "polygate-tests"
-        with celery_worker(data, url, tmp_path, pool="threads", concurrency=8, settings=QUICK):
-            results = [client.send_task(ask_quietly.name, args=[f"task {i}"]) for i in range(TASKS)]
-            wait_for(lambda: done(results) >= TASKS // 4, 120, "the run did not start")
+        try:
+            with celery_worker(data, url, tmp_path, pool="threads", concurrency=8, settings=QUICK):
+                results = [
+                    client.send_task(ask_quietly.name, args=[f"task {i}"]) for i in range(TASKS)
+                ]
+                wait_for(lambda: done(results) >= TASKS // 4, 120, "the run did not start")
 
-            frozen_at = provider.since_start()
-            redis.pause()
-            time.sleep(10)
-            redis.resume()
-            thawed_at = provider.since_start()
+                frozen_at = provider.since_start()
+                redis.pause()
+                time.sleep(10)
+                redis.resume()
+                thawed_at = provider.since_start()
 
-            wait_for(lambda: done(results) >= TASKS // 2, 180, "no progress after the freeze")
-            redis.kill()
-            down_at = provider.since_start()
-            time.sleep(2)
-            redis.start()
-            up_at = provider.since_start()
+                wait_for(lambda: done(results) >= TASKS // 2, 180, "no progress after the freeze")
+                redis.kill()
+                down_at = provider.since_start()
+                time.sleep(2)
+                redis.start()
+                up_at = provider.since_start()
 
-            wait_for(lambda: done(results) == TASKS, 300, "tasks left unfinished")
-            states = Counter(r.state for r in results)
-            failures = {r.id: repr(r.result) for r in results if r.state == "FAILURE"}
-        drop_result_subscriptions(client)  # while this Redis still answers
+                wait_for(
+                    lambda: done(results) == TASKS,
+                    300,
+                    lambda: f"tasks left unfinished: {unfinished(results)}",
+                )
+                states = Counter(r.state for r in results)
+                failures = {r.id: repr(r.result) for r in results if r.state == "FAILURE"}
+        finally:
+            # while this Redis still answers, pass or fail: a subscription left behind is
+            # dropped by a later test's garbage collection, against a server gone by then
+            drop_result_subscriptions(client)
         journal = provider.journal
     assert states == {"SUCCESS": TASKS}, failures
     outages = [(frozen_at, thawed_at), (down_at, up_at)]
