@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from redis.asyncio import Redis
 
 from polygate_celery.celery import ParkingLot
+from polygate_celery.store.redis import redis_client
 from polygate_celery.store.redis.keys import KeySpace
-from tests.conftest import unique_prefix
 
 MESSAGE = {
     "body": "W10=",
@@ -29,16 +28,11 @@ KEEP_S = 100.0
 
 
 @pytest_asyncio.fixture
-async def lot(redis_url: str) -> AsyncIterator[ParkingLot]:
-    client = Redis.from_url(redis_url)
-    keys = KeySpace(prefix=unique_prefix())
-    try:
-        yield ParkingLot(client, keys, "lot")
-    finally:
-        found = [key async for key in client.scan_iter(match=f"{keys.base}*")]
-        if found:
-            await client.delete(*found)
-        await client.aclose()
+async def lot(redis_url: str, fleet_prefix: str) -> AsyncIterator[ParkingLot]:
+    """A lot under the test's own prefix (`fleet_prefix` removes its keys afterwards)."""
+    client = redis_client(redis_url)
+    yield ParkingLot(client, KeySpace(prefix=fleet_prefix), "lot")
+    await client.aclose()
 
 
 async def due_in(lot: ParkingLot, entry: str) -> float:
