@@ -40,6 +40,17 @@ if os.environ.get("POLYGATE_CONFIG"):
     )
 
 HELLO = [{"role": "user", "content": "hello"}]
+RECEIVED_URL = os.environ.get("POLYGATE_TEST_RECEIVED")  # where `_received` records ids
+
+
+@signals.task_received.connect
+def _received(request: Any = None, **_: Any) -> None:
+    """The worker read the message from the broker (its main process, before any task
+    code): recorded, when a test asks for it, in a Redis the test's faults never touch,
+    to tell a message the broker transport lost from one that reached the worker."""
+    if RECEIVED_URL and request is not None:
+        with sync_redis.Redis.from_url(RECEIVED_URL) as client:
+            client.sadd("received", request.id)
 
 
 def note_run(task_id: str) -> None:
