@@ -28,6 +28,7 @@ from typing import Any, Literal
 import redis
 from celery import Task, states
 
+from polygate_celery.celery.chords import count_stored_part
 from polygate_celery.celery.identity import COPY, RunIdentity
 from polygate_celery.celery.parking import lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
@@ -75,10 +76,15 @@ class ExecutionGuard:
             self.wait_s = max(0.0, int(reply[1]) / 1000)
         elif verdict == "go":
             heartbeat_of(self.runtime).add(self.keys[0], self.token)
-            if len(reply) > 1 and outcome_stored_since(self.task, float(_text(reply[1]))):
+            stored = (
+                outcome_stored_since(self.task, float(_text(reply[1]))) if len(reply) > 1 else None
+            )
+            if stored is not None:
                 # An earlier run of this message stored its outcome, then died before
                 # marking itself finished: running again would store (and count toward
-                # a chord) a second outcome.
+                # a chord) a second outcome. It may have died before counting this
+                # one toward its chord: that count is made here.
+                count_stored_part(self.task, self.task.request, stored)
                 quietly(self.finish)
                 return "done"
         return verdict
@@ -119,12 +125,12 @@ class ExecutionGuard:
         return _EXECUTION.run_blocking(self.runtime.blocking_redis, keys, args)
 
 
-def outcome_stored_since(task: Task[Any, Any], began: float) -> bool:
-    """Whether the result backend holds a final outcome of `task`'s id, stored at or
-    after `began` (epoch seconds, the storing worker's clock). Unknown (no backend,
+def outcome_stored_since(task: Task[Any, Any], began: float) -> dict[str, Any] | None:
+    """The final outcome the result backend holds for `task`'s id, stored at or after
+    `began` (epoch seconds, the storing worker's clock), or None. Unknown (no backend,
     results ignored, the backend unreachable) counts as not stored: the run goes on."""
     if task.ignore_result or getattr(task.request, "ignore_result", False):
-        return False
+        return None
     try:
         meta = task.backend.get_task_meta(str(task.request.id), cache=False)
     except Exception as exc:
@@ -134,20 +140,20 @@ def outcome_stored_since(task: Task[Any, Any], began: float) -> bool:
             task.request.id,
             type(exc).__name__,
         )
-        return False
+        return None
     if meta.get("status") not in states.READY_STATES:
-        return False
+        return None
     done = meta.get("date_done")
     if isinstance(done, str):
         try:
             done = datetime.fromisoformat(done)
         except ValueError:
-            return False
+            return None
     if not isinstance(done, datetime):
-        return False
+        return None
     if done.tzinfo is None:
         done = done.replace(tzinfo=UTC)
-    return done.timestamp() >= began
+    return meta if done.timestamp() >= began else None
 
 
 FINISH_PATIENCE_S = 30.0

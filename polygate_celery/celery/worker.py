@@ -34,6 +34,7 @@ from polygate_celery.celery.broker import (
     remember_broker,
     transport_options,
 )
+from polygate_celery.celery.chords import install_counting_request
 from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
 from polygate_celery.celery.registry import governed_tasks
 from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
@@ -311,6 +312,7 @@ def _connect_signals(app: Celery) -> None:
     def on_init(sender: Any = None, **_: Any) -> None:  # the worker's main process, pre-fork
         if getattr(sender, "app", app) is app:
             apply_time_limits(app)
+            install_counting_request(app.tasks, governed_tasks(app))
             check_broker_unchanged(app)
 
     def on_process_init(**_: Any) -> None:  # prefork children

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis as sync_redis
 from celery import Celery, Task, shared_task, signals
+from celery.backends.redis import RedisBackend
 from kombu.exceptions import EncodeError, OperationalError
 
 from polygate_celery import AllSourcesExhausted, SourceFatalError, load_config
@@ -261,6 +262,36 @@ def _kill_once_stored(sender: Any = None, task_id: str | None = None, **_: Any) 
     with sync_redis.Redis.from_url(app.conf.broker_url) as client:
         if client.set(f"killed:{task_id}", 1, nx=True, ex=600):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True)
+@governed("chat")
+def lost_before_counted(self: Any, calls: GovernedCalls, text: str, fail: bool = False) -> str:
+    """A chord member whose first run's pool process is killed after Celery stored its
+    outcome and before it was counted toward the chord (`_kill_before_counting`)."""
+    note_run(self.request.id)
+    answer = calls.chat([{"role": "user", "content": text}]).value.text
+    if fail:
+        raise ValueError(f"{text}: the member's own error")
+    return answer
+
+
+def _kill_before_counting(count: Any) -> Any:
+    """Wrap the Redis result backend's chord count: the first count of a
+    `lost_before_counted` run kills its process instead (once per task id, noted on the
+    broker), the window between storing an outcome and counting it."""
+
+    def counted(backend: Any, request: Any, state: str, result: Any, **kwargs: Any) -> Any:
+        if getattr(request, "task", None) == lost_before_counted.name:
+            with sync_redis.Redis.from_url(app.conf.broker_url) as client:
+                if client.set(f"killed:{request.id}", 1, nx=True, ex=600):
+                    os.kill(os.getpid(), signal.SIGKILL)
+        return count(backend, request, state, result, **kwargs)
+
+    return counted
+
+
+RedisBackend.on_chord_part_return = _kill_before_counting(RedisBackend.on_chord_part_return)
 
 
 class RetryPublishFails(Task):  # type: ignore[misc]

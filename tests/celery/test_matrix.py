@@ -593,7 +593,6 @@ class Group:
         self.plain_reruns = 0  # ungoverned follow-ups run again (Celery's at-least-once)
         self.killed_at: dict[int, float] = {}  # pool children SIGKILLed, when
         self.transport_losses: list[str] = []  # never read from the broker (README)
-        self.chord_window_losses: list[str] = []  # chord bodies Celery never sent (README)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -813,16 +812,12 @@ class Group:
                     outcomes[id(expect)] = (f"unreadable ({exc})", None)
         states_now = {i: state for i, (state, _) in outcomes.items()}
         lost = self.lost_in_transport(states_now)
-        uncounted = self.lost_in_chord_window(states_now)
         for expect in self.expects:
             out = problems[expect.feature]
             state, result = outcomes[id(expect)]
             mine = runs.get(expect.sub or "", [])
             if id(expect) in lost:
                 self.transport_losses.append(f"{expect.label} {expect.task_id}")
-                continue
-            if id(expect) in uncounted:
-                self.chord_window_losses.append(f"{expect.label} {expect.task_id}")
                 continue
             if state != "SUCCESS" or result != expect.expected:
                 stale = " (the earlier submission's)" if result == expect.stale else ""
@@ -921,48 +916,6 @@ class Group:
         }
         return lost
 
-    def lost_in_chord_window(self, states: dict[int, str]) -> set[int]:
-        """Chord bodies (by `id`) never sent because a pool child was SIGKILLed after
-        Celery stored its chord member's SUCCESS and before Celery counted the member
-        toward the chord (one call of Celery's, no task code between): Celery's main
-        process then finds SUCCESS stored and acknowledges the message without counting
-        the part, so no copy runs (README, "left open"). Evidence, all of it: the member
-        is SUCCESS with one completed run, which the kill cut off before Celery recorded
-        its outcome (no "post"), and no run after it; the body is PENDING, no run of it
-        began and no worker's `task_received` saw its id."""
-        if self.fault != "pool_kill":
-            return set()
-        runs = self.witness.by_sub()
-        members = {
-            e.sub: e for e in self.expects if e.feature == "chord" and e.sub and "/" not in e.sub
-        }
-        found: set[int] = set()
-        for body in self.expects:
-            if body.feature != "chord" or not (body.sub or "").endswith("/collect"):
-                continue
-            member = members.get(self.family(body))
-            if member is None or states.get(id(member)) != "SUCCESS":
-                continue
-            if (
-                states.get(id(body)) != "PENDING"
-                or runs.get(body.sub or "")
-                or body.task_id in self.witness.received
-            ):
-                continue
-            completed = sorted(
-                (r for r in runs.get(member.sub or "", []) if r.end is not None),
-                key=lambda r: r.start,
-            )
-            last = completed[-1] if completed else None
-            later = [
-                r
-                for r in runs.get(member.sub or "", [])
-                if last is not None and r.start > last.start
-            ]
-            if last is not None and last.post is None and self.cut_off(last) and not later:
-                found.add(id(body))
-        return found
-
     @staticmethod
     def family(expect: Expect) -> str:
         return (expect.sub or "").split("/", maxsplit=1)[0]
@@ -993,12 +946,6 @@ class Group:
             if self.reruns
             else ""
         )
-        if self.chord_window_losses:
-            reruns += (
-                f"; {len(self.chord_window_losses)} chord body(ies) never sent (a pool child "
-                f"killed between Celery storing the member's SUCCESS and counting it: "
-                f"{', '.join(self.chord_window_losses)})"
-            )
         if self.transport_losses:
             reruns += (
                 f"; {len(self.transport_losses)} task(s) never read from the broker (kombu's "

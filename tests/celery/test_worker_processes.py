@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
-from celery.exceptions import SoftTimeLimitExceeded, TaskRevokedError
+from celery import chord
+from celery.exceptions import ChordError, SoftTimeLimitExceeded, TaskRevokedError
 
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing.simulator import SimulatedProvider
-from tests.celery.app import app, ask, ask_in, dies_after_storing
+from tests.celery.app import app, ask, ask_in, collect, dies_after_storing, lost_before_counted
 from tests.celery.conftest import config_data
 from tests.celery.workers import celery_worker
 from tests.conftest import Figures
@@ -199,6 +200,40 @@ def test_a_run_killed_after_its_result_was_stored_is_not_run_again(
             result.get(timeout=30)
         assert sync_redis.Redis.from_url(broker).get(f"killed:{result.id}") == b"1"
         assert sync_redis.Redis.from_url(broker).llen(f"runs:{result.id}") == 1
+
+
+def test_a_chord_member_lost_after_its_success_was_stored_still_counts(
+    client_app: Any, worker_config: dict[str, Any], broker: str, tmp_path: Path
+) -> None:
+    """The pool process dies after Celery stored the member's SUCCESS and before it
+    counted the member toward the chord. Celery's main process acknowledges such a
+    message without counting it; the body runs all the same, and the member once."""
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
+        member = lost_before_counted.s("member")
+        member.freeze()
+        body = chord([member, ask.s("other")])(collect.s())
+        assert body.get(timeout=60) == ["fine", "fine"]
+        client = sync_redis.Redis.from_url(broker)
+        assert client.get(f"killed:{member.id}") == b"1"
+        assert client.llen(f"runs:{member.id}") == 1
+
+
+def test_a_chord_member_lost_after_its_failure_was_stored_still_counts(
+    client_app: Any, worker_config: dict[str, Any], broker: str, tmp_path: Path
+) -> None:
+    """The same window after a stored FAILURE: Celery requeues the message, and the
+    copy, dropped because the outcome is stored, counts it: the chord fails with the
+    member's error instead of waiting forever, and the member ran once."""
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
+        member = lost_before_counted.s("member", fail=True)
+        member.freeze()
+        body = chord([member, ask.s("other")])(collect.s())
+        own = app.AsyncResult(body.id)  # the body's own outcome, not its members'
+        with pytest.raises(ChordError, match="member: the member's own error"):
+            own.get(timeout=90)
+        client = sync_redis.Redis.from_url(broker)
+        assert client.get(f"killed:{member.id}") == b"1"
+        assert client.llen(f"runs:{member.id}") == 1
 
 
 def test_a_killed_worker_process_loses_no_task_and_runs_it_at_most_twice(

@@ -1,0 +1,129 @@
+"""Celery edge: a chord member whose outcome is stored is counted toward its chord.
+
+A chord's body runs when every member has been counted: on Redis, the member's own
+worker process counts it (``on_chord_part_return``) right after storing its outcome.
+A worker lost between the two leaves the outcome stored and the part uncounted, and
+neither path Celery takes afterwards counts it:
+
+- a pool child lost after storing SUCCESS: Celery's main process finds the success
+  stored and acknowledges the message (``Request._success_was_stored``);
+- a stored FAILURE, or a whole worker lost: the message comes back, and the execution
+  guard drops the copy because an outcome is stored (running it again would store a
+  second one).
+
+The body would then never run. Both places count the stored outcome instead
+(`ChordCountingRequest`, `count_stored_part`). That is safe only on a backend that
+counts each part once: Celery 5.7's Redis backend remembers every ``task id:group
+index`` it counted and ignores a finished chord. A backend that polls stored results
+(``chord_unlock``) needs no count. On any other, counting again could run the body
+early, so a warning names the chord instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
+from celery import Task, states
+from celery.backends.base import BaseBackend
+from celery.exceptions import WorkerLostError
+from celery.worker.request import Request
+
+logger = logging.getLogger("polygate_celery")
+
+REQUEST = "polygate_celery.celery.chords:ChordCountingRequest"
+CELERY_REQUEST = "celery.worker.request:Request"
+
+
+def counts_each_part_once(backend: Any) -> bool:
+    """Whether counting a part again is harmless on `backend` (it remembers each part)."""
+    try:
+        from celery.backends import redis as redis_backend  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - redis-py is a dependency
+        return False
+    script = getattr(redis_backend, "CHORD_PART_RETURN_LUA", "")
+    return isinstance(backend, redis_backend.RedisBackend) and "SISMEMBER" in script
+
+
+def polls_stored_results(backend: Any) -> bool:
+    """Whether `backend` joins a chord by polling its members' stored results
+    (``chord_unlock``): a stored outcome is all it needs."""
+    return type(backend).on_chord_part_return is BaseBackend.on_chord_part_return
+
+
+def count_stored_part(task: Task[Any, Any], request: Any, meta: dict[str, Any]) -> None:
+    """Count the outcome `meta` stored for `request` toward its chord, if it is a
+    chord's member. Never raises: a count that fails is logged with the chord's id."""
+    chord = getattr(request, "chord", None)
+    group = getattr(request, "group", None)
+    status = meta.get("status")
+    if not chord or not group or status not in states.READY_STATES:
+        return
+    backend = task.backend
+    if polls_stored_results(backend):
+        return
+    if not counts_each_part_once(backend):
+        logger.warning(
+            "task %s of chord %s: its outcome is stored but may not have been counted toward "
+            "the chord (its worker was lost), and this result backend may count a part "
+            "twice; the chord's body may not run",
+            request.id,
+            group,
+        )
+        return
+    try:
+        backend.on_chord_part_return(request, status, meta.get("result"))
+    except Exception:
+        logger.warning(
+            "task %s of chord %s: counting its stored outcome toward the chord failed; the "
+            "chord's body may not run",
+            request.id,
+            group,
+            exc_info=True,
+        )
+
+
+def stored_success(task: Task[Any, Any], task_id: str) -> dict[str, Any] | None:
+    """The SUCCESS meta stored for `task_id`, or None (none stored, or unknown)."""
+    try:
+        meta = task.backend.get_task_meta(task_id, cache=False)
+    except Exception:
+        return None
+    return meta if meta.get("status") == states.SUCCESS else None
+
+
+_LOST = (WorkerLostError, SystemExit, KeyboardInterrupt)
+
+
+class ChordCountingRequest(Request):
+    """Celery's request, counting a chord member whose worker was lost after it
+    stored SUCCESS (Celery acknowledges such a message without counting it)."""
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, _LOST) and not self.ignore_result:
+            context = getattr(self, "_context", None)
+            if getattr(context, "chord", None) and getattr(context, "group", None):
+                meta = stored_success(self.task, self.id)
+                if meta is not None:
+                    count_stored_part(self.task, context, meta)
+        return super().on_failure(
+            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+        )
+
+
+def install_counting_request(tasks: Any, names: Any) -> list[str]:
+    """Give the tasks named in `names` the counting request, where they use Celery's
+    own (a task with a request class of its own keeps it). Returns the names changed."""
+    changed = []
+    for name in names:
+        task = tasks.get(name)
+        if task is not None and task.Request == CELERY_REQUEST:
+            task.Request = REQUEST
+            changed.append(name)
+    return changed
