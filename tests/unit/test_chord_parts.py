@@ -99,10 +99,11 @@ def test_a_count_that_fails_is_logged_not_raised(caplog: pytest.LogCaptureFixtur
 def test_the_counting_request_replaces_only_celerys_own() -> None:
     app = Celery("chords")
 
-    @app.task
+    # (shared=False: a shared task would join every app finalized later in this process)
+    @app.task(shared=False)
     def plain() -> None: ...
 
-    @app.task(Request="somewhere:Custom")
+    @app.task(shared=False, Request="somewhere:Custom")
     def custom() -> None: ...
 
     changed = install_counting_request(app.tasks, [plain.name, custom.name, "missing"])
