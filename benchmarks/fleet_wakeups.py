@@ -15,6 +15,13 @@ scripts' calls and the commands inside them, and the subscriptions); Redis CPU a
 the workers' CPU per acquisition; the wait for a permit (from the call's start to
 its source being called), median, p99 and the slowest, beside the wait strict
 first-come-first-served order gives at the row's rate ((callers - cap) / rate).
+
+``--semaphore fifo`` runs the same fleet, holds and waits on a plain FIFO list
+semaphore instead (a list of `cap` tokens: ``BLPOP`` takes one, ``RPUSH`` puts it
+back; no lease, no claim, no breaker, no adaptive limit): what first-come-first-served
+order gives on this machine, scheduling delays included. Its commands are 2 per
+acquisition by construction (the harness leaves ``BLPOP`` and ``RPUSH`` out of its
+count, as its own), so the table says so rather than measuring them.
 """
 
 from __future__ import annotations
@@ -85,14 +92,57 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     return {**counts, "cpu_s": cpu, "waits": waits}
 
 
+async def fifo_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same callers and holds on a plain FIFO list semaphore (the comparison)."""
+    from polygate_celery.store.redis import redis_client  # noqa: PLC0415
+
+    client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
+    tokens = spec["tokens"]
+    waits: list[float] = []
+    await ready_then_wait(spec)
+    cpu0 = time.process_time()
+
+    async def caller() -> None:
+        for _ in range(spec["calls"]):
+            started = time.perf_counter()
+            _, token = await client.blpop([tokens], timeout=0)
+            waits.append(time.perf_counter() - started)
+            await asyncio.sleep(HOLD_S)
+            await client.rpush(tokens, token)
+
+    await asyncio.gather(*(asyncio.create_task(caller()) for _ in range(spec["callers"])))
+    cpu = time.process_time() - cpu0
+    await client.aclose()
+    n = len(waits)
+    return {"admits": n, "granted": n, "cpu_s": cpu, "waits": waits}
+
+
+def semaphore_worker(spec: dict[str, Any]) -> Any:
+    return fifo_worker(spec) if spec.get("semaphore") == "fifo" else worker(spec)
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
-async def row(url: str, processes: int, callers: int, acquisitions: int) -> dict[str, Any]:
+async def row(
+    url: str, processes: int, callers: int, acquisitions: int, semaphore: str = "governed"
+) -> dict[str, Any]:
     per_process = callers // processes
     calls = -(-acquisitions // (processes * per_process))
-    spec = {"prefix": f"wake-{uuid.uuid4().hex[:8]}", "callers": per_process, "calls": calls}
-    fleet = await run_fleet(__file__, url, spec, processes)
+    prefix = f"wake-{uuid.uuid4().hex[:8]}"
+    spec = {
+        "prefix": prefix,
+        "callers": per_process,
+        "calls": calls,
+        "semaphore": semaphore,
+        "tokens": f"{{{prefix}}}:tokens",
+    }
+
+    def tokens(client: Any) -> None:
+        if semaphore == "fifo":
+            client.rpush(spec["tokens"], *[f"t{i}" for i in range(CAP)])
+
+    fleet = await run_fleet(__file__, url, spec, processes, before_go=tokens)
     results = fleet.results
     granted = sum(r["granted"] for r in results)
     refused = sum(r["admits"] - r["granted"] for r in results)
@@ -105,7 +155,7 @@ async def row(url: str, processes: int, callers: int, acquisitions: int) -> dict
         "acquisitions": granted,
         "per_s": per_s,
         "refused": refused / granted,
-        "commands": fleet.total_commands / granted,
+        "commands": 2.0 if semaphore == "fifo" else fleet.total_commands / granted,
         "redis_cpu_ms": 1000 * fleet.redis_cpu_s / granted,
         "worker_cpu_ms": 1000 * sum(r["cpu_s"] for r in results) / granted,
         "wait_p50_ms": 1000 * statistics.median(waits),
@@ -139,7 +189,7 @@ def table(rows: list[dict[str, Any]], label: str) -> str:
 async def run(args: argparse.Namespace, url: str) -> str:
     rows = []
     for processes in (int(p) for p in args.processes.split(",")):
-        rows.append(await row(url, processes, args.callers, args.acquisitions))
+        rows.append(await row(url, processes, args.callers, args.acquisitions, args.semaphore))
         print(rows[-1], file=sys.stderr, flush=True)
     head = (
         f"{args.callers} callers in all, cap {CAP}, {HOLD_S * 1000:.1f} ms holds, "
@@ -156,9 +206,10 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--acquisitions", type=int, default=2000)
     parser.add_argument("--label", default="this checkout")
+    parser.add_argument("--semaphore", choices=("governed", "fifo"), default="governed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if act_as_worker(args.worker, worker):
+    if act_as_worker(args.worker, semaphore_worker):
         return
     from tests.redis_server import RedisServer  # noqa: PLC0415
 
