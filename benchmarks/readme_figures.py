@@ -162,14 +162,17 @@ def wakeups() -> str:
     text = (RESULTS / "fleet_wakeups.md").read_text(encoding="utf-8")
     before = table_rows(text, "### before")
     after = table_rows(text, "### after")
+    fifo = table_rows(text, "### a FIFO list semaphore")
     most = list(after)[-1]  # the most processes
-    b_row, a_row = before[most], after[most]
+    b_row, a_row, f_row = before[most], after[most], fifo[most]
     return (
         f"| permit waiters across {most.replace(' x ', ' processes x ')} callers, cap 4 "
         f"| {a_row[1]} refused admissions per acquisition ({b_row[1]} before fleet-wide "
         f"hand-over), {a_row[2]} Redis commands and {a_row[3]} of Redis CPU per acquisition; "
         f"slowest wait {a_row[5].split(' / ')[-1]} against a first-come-first-served "
-        f"{a_row[6]} | `python benchmarks/fleet_wakeups.py` → "
+        f"{a_row[6]} at that rate, and {f_row[5].split(' / ')[-1]} for a FIFO list "
+        f"semaphore (BLPOP, no lease) on the same machine "
+        f"| `python benchmarks/fleet_wakeups.py [--semaphore fifo]` → "
         "`benchmarks/results/fleet_wakeups.md` |"
     )
 
