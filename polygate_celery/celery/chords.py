@@ -24,10 +24,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from celery import Task, states
 from celery.backends.base import BaseBackend
-from celery.exceptions import WorkerLostError
 from celery.worker.request import Request
 
 logger = logging.getLogger("polygate_celery")
@@ -84,37 +82,21 @@ def count_stored_part(task: Task[Any, Any], request: Any, meta: dict[str, Any]) 
         )
 
 
-def stored_success(task: Task[Any, Any], task_id: str) -> dict[str, Any] | None:
-    """The SUCCESS meta stored for `task_id`, or None (none stored, or unknown)."""
-    try:
-        meta = task.backend.get_task_meta(task_id, cache=False)
-    except Exception:
-        return None
-    return meta if meta.get("status") == states.SUCCESS else None
-
-
-_LOST = (WorkerLostError, SystemExit, KeyboardInterrupt)
-
-
 class ChordCountingRequest(Request):
     """Celery's request, counting a chord member whose worker was lost after it
-    stored SUCCESS (Celery acknowledges such a message without counting it)."""
+    stored SUCCESS (Celery acknowledges such a message without counting it).
 
-    def on_failure(
-        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
-    ) -> Any:
-        exc = exc_info.exception
-        if isinstance(exc, ExceptionWithTraceback):
-            exc = exc.exc
-        if isinstance(exc, _LOST) and not self.ignore_result:
+    Celery asks whether SUCCESS was stored only for a lost worker, with a bounded
+    lookup (a few attempts, so a result backend that is down cannot hold the worker's
+    main process); the count reuses what that lookup read."""
+
+    def _success_was_stored(self) -> Any:
+        meta = super()._success_was_stored()  # type: ignore[misc]
+        if meta:
             context = getattr(self, "_context", None)
             if getattr(context, "chord", None) and getattr(context, "group", None):
-                meta = stored_success(self.task, self.id)
-                if meta is not None:
-                    count_stored_part(self.task, context, meta)
-        return super().on_failure(
-            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
-        )
+                count_stored_part(self.task, context, meta)
+        return meta
 
 
 def install_counting_request(tasks: Any, names: Any) -> list[str]:
