@@ -99,13 +99,13 @@ class ChordCountingRequest(Request):
         return meta
 
 
-def install_counting_request(tasks: Any, names: Any) -> list[str]:
-    """Give the tasks named in `names` the counting request, where they use Celery's
-    own (a task with a request class of its own keeps it). Returns the names changed."""
+def install_counting_request(tasks: Any) -> list[str]:
+    """Give every task in `tasks` the counting request where it uses Celery's own (a
+    task with a request class of its own keeps it): plain chord members, beside
+    governed ones, are lost in the same window. Returns the names changed."""
     changed = []
-    for name in names:
-        task = tasks.get(name)
-        if task is not None and task.Request == CELERY_REQUEST:
+    for name, task in list(tasks.items()):
+        if task.Request == CELERY_REQUEST:
             task.Request = REQUEST
             changed.append(name)
     return changed

@@ -312,7 +312,7 @@ def _connect_signals(app: Celery) -> None:
     def on_init(sender: Any = None, **_: Any) -> None:  # the worker's main process, pre-fork
         if getattr(sender, "app", app) is app:
             apply_time_limits(app)
-            install_counting_request(app.tasks, governed_tasks(app))
+            install_counting_request(app.tasks)
             check_broker_unchanged(app)
 
     def on_process_init(**_: Any) -> None:  # prefork children

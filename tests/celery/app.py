@@ -276,13 +276,23 @@ def lost_before_counted(self: Any, calls: GovernedCalls, text: str, fail: bool =
     return answer
 
 
+@app.task(bind=True)
+def plain_lost_before_counted(self: Any, text: str) -> str:
+    """An ungoverned chord member lost in the same window (`_kill_before_counting`)."""
+    note_run(self.request.id)
+    return f"plain {text}"
+
+
 def _kill_before_counting(count: Any) -> Any:
     """Wrap the Redis result backend's chord count: the first count of a
     `lost_before_counted` run kills its process instead (once per task id, noted on the
     broker), the window between storing an outcome and counting it."""
 
     def counted(backend: Any, request: Any, state: str, result: Any, **kwargs: Any) -> Any:
-        if getattr(request, "task", None) == lost_before_counted.name:
+        if getattr(request, "task", None) in (
+            lost_before_counted.name,
+            plain_lost_before_counted.name,
+        ):
             with sync_redis.Redis.from_url(app.conf.broker_url) as client:
                 if client.set(f"killed:{request.id}", 1, nx=True, ex=600):
                     os.kill(os.getpid(), signal.SIGKILL)

@@ -19,7 +19,15 @@ from celery.exceptions import ChordError, SoftTimeLimitExceeded, TaskRevokedErro
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing.simulator import SimulatedProvider
-from tests.celery.app import app, ask, ask_in, collect, dies_after_storing, lost_before_counted
+from tests.celery.app import (
+    app,
+    ask,
+    ask_in,
+    collect,
+    dies_after_storing,
+    lost_before_counted,
+    plain_lost_before_counted,
+)
 from tests.celery.conftest import config_data
 from tests.celery.workers import celery_worker
 from tests.conftest import Figures
@@ -213,6 +221,20 @@ def test_a_chord_member_lost_after_its_success_was_stored_still_counts(
         member.freeze()
         body = chord([member, ask.s("other")])(collect.s())
         assert body.get(timeout=60) == ["fine", "fine"]
+        client = sync_redis.Redis.from_url(broker)
+        assert client.get(f"killed:{member.id}") == b"1"
+        assert client.llen(f"runs:{member.id}") == 1
+
+
+def test_a_plain_chord_member_lost_after_its_success_was_stored_still_counts(
+    client_app: Any, worker_config: dict[str, Any], broker: str, tmp_path: Path
+) -> None:
+    """The same window for an ungoverned member beside a governed one."""
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
+        member = plain_lost_before_counted.s("member")
+        member.freeze()
+        body = chord([member, ask.s("other")])(collect.s())
+        assert body.get(timeout=60) == ["fine", "plain member"]
         client = sync_redis.Redis.from_url(broker)
         assert client.get(f"killed:{member.id}") == b"1"
         assert client.llen(f"runs:{member.id}") == 1
