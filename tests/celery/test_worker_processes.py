@@ -210,31 +210,28 @@ def test_a_run_killed_after_its_result_was_stored_is_not_run_again(
         assert sync_redis.Redis.from_url(broker).llen(f"runs:{result.id}") == 1
 
 
+@pytest.mark.parametrize(
+    ("member_task", "answers"),
+    [("governed", ["fine", "fine"]), ("plain", ["fine", "plain member"])],
+)
 def test_a_chord_member_lost_after_its_success_was_stored_still_counts(
-    client_app: Any, worker_config: dict[str, Any], broker: str, tmp_path: Path
+    client_app: Any,
+    worker_config: dict[str, Any],
+    broker: str,
+    tmp_path: Path,
+    member_task: str,
+    answers: list[str],
 ) -> None:
     """The pool process dies after Celery stored the member's SUCCESS and before it
     counted the member toward the chord. Celery's main process acknowledges such a
-    message without counting it; the body runs all the same, and the member once."""
+    message without counting it; the body runs all the same, and the member once. A
+    plain (ungoverned) member beside a governed one is lost the same way."""
+    task = lost_before_counted if member_task == "governed" else plain_lost_before_counted
     with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
-        member = lost_before_counted.s("member")
+        member = task.s("member")
         member.freeze()
         body = chord([member, ask.s("other")])(collect.s())
-        assert body.get(timeout=60) == ["fine", "fine"]
-        client = sync_redis.Redis.from_url(broker)
-        assert client.get(f"killed:{member.id}") == b"1"
-        assert client.llen(f"runs:{member.id}") == 1
-
-
-def test_a_plain_chord_member_lost_after_its_success_was_stored_still_counts(
-    client_app: Any, worker_config: dict[str, Any], broker: str, tmp_path: Path
-) -> None:
-    """The same window for an ungoverned member beside a governed one."""
-    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
-        member = plain_lost_before_counted.s("member")
-        member.freeze()
-        body = chord([member, ask.s("other")])(collect.s())
-        assert body.get(timeout=60) == ["fine", "plain member"]
+        assert body.get(timeout=60) == answers
         client = sync_redis.Redis.from_url(broker)
         assert client.get(f"killed:{member.id}") == b"1"
         assert client.llen(f"runs:{member.id}") == 1
