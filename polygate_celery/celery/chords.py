@@ -92,10 +92,8 @@ class ChordCountingRequest(Request):
 
     def _success_was_stored(self) -> Any:
         meta = super()._success_was_stored()  # type: ignore[misc]
-        if meta:
-            context = getattr(self, "_context", None)
-            if getattr(context, "chord", None) and getattr(context, "group", None):
-                count_stored_part(self.task, context, meta)
+        if meta:  # (count_stored_part counts chord members alone)
+            count_stored_part(self.task, getattr(self, "_context", None), meta)
         return meta
 
 
