@@ -17,11 +17,20 @@ counts each part once: Celery 5.7's Redis backend remembers every ``task id:grou
 index`` it counted and ignores a finished chord. A backend that polls stored results
 (``chord_unlock``) needs no count. On any other, counting again could run the body
 early, so a warning names the chord instead.
+
+A worker lost after the last count, while it sends the body, leaves the chord
+complete and its dispatch claimed by a process that is gone: a count then finds the
+claim held and sends nothing. So when a count leaves a claim held, the chord is
+counted once more after the claim's time runs out (Celery's claim is its own crash
+recovery: a count after it expired dispatches the body, one after the body was sent
+finds the chord done and does nothing). The later count runs on a timer in the
+process that counted: a process stopped before it fires leaves the body unsent.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import Task, states
@@ -32,6 +41,10 @@ logger = logging.getLogger("polygate_celery")
 
 REQUEST = "polygate_celery.celery.chords:ChordCountingRequest"
 CELERY_REQUEST = "celery.worker.request:Request"
+# A chord whose dispatch claim is still held after this many later counts is left to
+# the claim's holder (each later count waits out the claim it found).
+RECOUNTS = 5
+RECOUNT_SLACK_S = 1.0
 
 
 def counts_each_part_once(backend: Any) -> bool:
@@ -70,8 +83,16 @@ def count_stored_part(task: Task[Any, Any], request: Any, meta: dict[str, Any]) 
             group,
         )
         return
+    _count(backend, request, status, meta.get("result"), RECOUNTS)
+
+
+def _count(backend: Any, request: Any, status: str, result: Any, recounts: int) -> None:
+    """Count the part; while a dispatch claim is left held, count again once it ran
+    out, `recounts` times at most. Never raises."""
+    group = request.group
     try:
-        backend.on_chord_part_return(request, status, meta.get("result"))
+        backend.on_chord_part_return(request, status, result)
+        held_s = claim_held_s(backend, group)
     except Exception:
         logger.warning(
             "task %s of chord %s: counting its stored outcome toward the chord failed; the "
@@ -80,6 +101,35 @@ def count_stored_part(task: Task[Any, Any], request: Any, meta: dict[str, Any]) 
             group,
             exc_info=True,
         )
+        return
+    if held_s is None:
+        return
+    if recounts <= 0:
+        logger.warning(
+            "task %s of chord %s: the chord's dispatch is still claimed after %d later "
+            "counts; its body runs only if the claim's holder sends it",
+            request.id,
+            group,
+            RECOUNTS,
+        )
+        return
+    timer = threading.Timer(
+        held_s + RECOUNT_SLACK_S, _count, args=(backend, request, status, result, recounts - 1)
+    )
+    timer.daemon = True
+    timer.start()
+
+
+def claim_held_s(backend: Any, group: str) -> float | None:
+    """Seconds left on the dispatch claim of chord `group` (Celery's Redis backend
+    claims a complete chord's dispatch for a bounded time, then marks it done), or
+    None: no claim is held (the chord is not complete yet, or its body was sent)."""
+    key = backend.get_key_for_group(group, ".c")
+    with backend.client.pipeline(transaction=False) as pipe:
+        value, ttl_ms = pipe.get(key).pttl(key).execute()
+    if value is None or value in (b"done", "done"):
+        return None
+    return max(int(ttl_ms), 0) / 1000.0
 
 
 class ChordCountingRequest(Request):

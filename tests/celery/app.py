@@ -304,6 +304,34 @@ def _kill_before_counting(count: Any) -> Any:
 RedisBackend.on_chord_part_return = _kill_before_counting(RedisBackend.on_chord_part_return)
 
 
+@app.task
+def collect_lost_sending(values: list[Any]) -> list[Any]:
+    """A chord body whose first sender is killed after it claimed the dispatch, before
+    it sent the body (`_kill_while_sending`)."""
+    return sorted(str(v) for v in values)
+
+
+def _kill_while_sending(claim_for_sending: Any) -> Any:
+    """Wrap the Redis result backend's step between claiming a complete chord's
+    dispatch and sending its body: for a `collect_lost_sending` body, the first process
+    there is killed (once per body id, noted on the broker)."""
+
+    def claimed(backend: Any, initial_expires: int, callback: Any) -> Any:
+        body_id = callback.options.get("task_id")
+        if callback.task == collect_lost_sending.name and body_id:
+            with sync_redis.Redis.from_url(app.conf.broker_url) as client:
+                if client.set(f"killed:{body_id}", 1, nx=True, ex=600):
+                    os.kill(os.getpid(), signal.SIGKILL)
+        return claim_for_sending(backend, initial_expires, callback)
+
+    return claimed
+
+
+RedisBackend._chord_publish_claim_expires = _kill_while_sending(
+    RedisBackend._chord_publish_claim_expires
+)
+
+
 class RetryPublishFails(Task):  # type: ignore[misc]
     """A task whose first retry message does not reach the broker: its publish raises
     `fault`, as when the broker goes away mid-retry (later publishes go through).

@@ -24,6 +24,7 @@ from tests.celery.app import (
     ask,
     ask_in,
     collect,
+    collect_lost_sending,
     dies_after_storing,
     lost_before_counted,
     plain_lost_before_counted,
@@ -253,6 +254,19 @@ def test_a_chord_member_lost_after_its_failure_was_stored_still_counts(
         client = sync_redis.Redis.from_url(broker)
         assert client.get(f"killed:{member.id}") == b"1"
         assert client.llen(f"runs:{member.id}") == 1
+
+
+def test_a_chord_whose_sender_was_lost_while_sending_its_body_still_runs_it(
+    client_app: Any, worker_config: dict[str, Any], broker: str, tmp_path: Path
+) -> None:
+    """The pool process that counted the last member, and so claimed the chord's
+    dispatch, dies before it sent the body. The claim outlives it; once the claim ran
+    out the part is counted again, and that count sends the body."""
+    with celery_worker(worker_config, broker, tmp_path, pool="prefork", concurrency=2):
+        first, second = ask.s("one"), ask.s("two")
+        result = chord([first, second])(collect_lost_sending.s())
+        assert result.get(timeout=90) == ["fine", "fine"]
+        assert sync_redis.Redis.from_url(broker).get(f"killed:{result.id}") == b"1"
 
 
 def test_a_killed_worker_process_loses_no_task_and_runs_it_at_most_twice(

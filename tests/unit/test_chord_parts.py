@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,8 +14,12 @@ from celery.backends.base import DisabledBackend
 from celery.backends.cache import CacheBackend
 from celery.backends.redis import RedisBackend
 
+from polygate_celery.celery import chords
 from polygate_celery.celery.chords import (
+    RECOUNT_SLACK_S,
+    RECOUNTS,
     REQUEST,
+    claim_held_s,
     count_stored_part,
     counts_each_part_once,
     install_counting_request,
@@ -22,11 +28,11 @@ from polygate_celery.celery.chords import (
 
 
 class CountingRedis(RedisBackend):  # type: ignore[misc]
-    """Celery's Redis backend, its counts recorded instead of run (no server needed to
-    decide whether to count)."""
+    """Celery's Redis backend on a real Redis, its counts recorded instead of run (the
+    dispatch claim they would leave is set by the test)."""
 
-    def __init__(self, app: Celery) -> None:
-        super().__init__(app=app, url="redis://127.0.0.1:1/0")
+    def __init__(self, app: Celery, url: str) -> None:
+        super().__init__(app=app, url=url)
         self.counted: list[tuple[str, str, Any]] = []
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **_: Any) -> None:
@@ -38,7 +44,34 @@ def _task(backend: Any) -> Any:
 
 
 def _member(**extra: Any) -> Any:
-    return SimpleNamespace(id="t1", group="g1", chord={"task": "body"}, **extra)
+    return SimpleNamespace(id="t1", group=GROUP, chord={"task": "body"}, **extra)
+
+
+GROUP = f"chord-parts-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def counting(redis_url: str) -> Iterator[CountingRedis]:
+    backend = CountingRedis(Celery("chords"), redis_url)
+    yield backend
+    backend.client.delete(backend.get_key_for_group(GROUP, ".c"))
+
+
+@pytest.fixture
+def timers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, tuple[Any, ...]]]:
+    """Later counts recorded instead of started (no real time passes)."""
+    started: list[tuple[float, tuple[Any, ...]]] = []
+
+    class Timer:
+        def __init__(self, delay: float, function: Any, args: tuple[Any, ...]) -> None:
+            self.daemon = False
+            started.append((delay, args))
+
+        def start(self) -> None:
+            assert self.daemon
+
+    monkeypatch.setattr(chords.threading, "Timer", Timer)
+    return started
 
 
 def test_celerys_redis_backend_counts_each_part_once() -> None:
@@ -47,18 +80,18 @@ def test_celerys_redis_backend_counts_each_part_once() -> None:
     assert not polls_stored_results(RedisBackend(app=app, url="redis://127.0.0.1:1/0"))
 
 
-def test_a_backend_that_polls_stored_results_needs_no_count() -> None:
-    app = Celery("chords")
-    assert polls_stored_results(DisabledBackend(app=app))
-    backend = CountingRedis(app)
-    assert not polls_stored_results(backend)
+def test_a_backend_that_polls_stored_results_needs_no_count(counting: CountingRedis) -> None:
+    assert polls_stored_results(DisabledBackend(app=Celery("chords")))
+    assert not polls_stored_results(counting)
 
 
 @pytest.mark.parametrize("status", ["SUCCESS", "FAILURE"])
-def test_a_stored_outcome_of_a_chord_member_is_counted_with_its_state(status: str) -> None:
-    backend = CountingRedis(Celery("chords"))
-    count_stored_part(_task(backend), _member(), {"status": status, "result": "r"})
-    assert backend.counted == [("t1", status, "r")]
+def test_a_stored_outcome_of_a_chord_member_is_counted_with_its_state(
+    status: str, counting: CountingRedis, timers: list[Any]
+) -> None:
+    count_stored_part(_task(counting), _member(), {"status": status, "result": "r"})
+    assert counting.counted == [("t1", status, "r")]
+    assert timers == []  # no dispatch claim held: nothing to count later
 
 
 @pytest.mark.parametrize(
@@ -69,10 +102,12 @@ def test_a_stored_outcome_of_a_chord_member_is_counted_with_its_state(status: st
         (_member(), {"status": "STARTED"}),  # not an outcome
     ],
 )
-def test_nothing_else_is_counted(member: Any, meta: dict[str, Any]) -> None:
-    backend = CountingRedis(Celery("chords"))
-    count_stored_part(_task(backend), member, meta)
-    assert backend.counted == []
+def test_nothing_else_is_counted(
+    member: Any, meta: dict[str, Any], counting: CountingRedis, timers: list[Any]
+) -> None:
+    count_stored_part(_task(counting), member, meta)
+    assert counting.counted == []
+    assert timers == []
 
 
 def test_a_backend_that_may_count_twice_gets_a_warning_naming_the_chord(
@@ -82,18 +117,58 @@ def test_a_backend_that_may_count_twice_gets_a_warning_naming_the_chord(
     backend = CacheBackend(app=app, backend="memory://")
     with caplog.at_level(logging.WARNING, logger="polygate_celery"):
         count_stored_part(_task(backend), _member(), {"status": "SUCCESS", "result": 1})
-    assert "chord g1" in caplog.text
+    assert f"chord {GROUP}" in caplog.text
     assert "task t1" in caplog.text
 
 
-def test_a_count_that_fails_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_count_that_fails_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture, redis_url: str
+) -> None:
     class Broken(CountingRedis):
         def on_chord_part_return(self, *_: Any, **__: Any) -> None:
             raise ConnectionError("down")
 
+    backend = Broken(Celery("chords"), redis_url)
     with caplog.at_level(logging.WARNING, logger="polygate_celery"):
-        count_stored_part(_task(Broken(Celery("chords"))), _member(), {"status": "SUCCESS"})
+        count_stored_part(_task(backend), _member(), {"status": "SUCCESS"})
     assert "counting its stored outcome toward the chord failed" in caplog.text
+
+
+def test_a_dispatch_claim_left_held_is_counted_again_once_it_ran_out(
+    counting: CountingRedis, timers: list[tuple[float, tuple[Any, ...]]]
+) -> None:
+    """The chord is complete and its dispatch claimed by a process that may be gone
+    (lost while it sent the body): the part is counted again after the claim's time."""
+    key = counting.get_key_for_group(GROUP, ".c")
+    counting.client.set(key, "a-claim-token", ex=6)
+    count_stored_part(_task(counting), _member(), {"status": "SUCCESS", "result": "r"})
+    assert len(timers) == 1
+    delay, args = timers[0]
+    assert 0 < delay - RECOUNT_SLACK_S <= 6.0
+    assert args[1:] == (_member(), "SUCCESS", "r", RECOUNTS - 1)
+    # the later count, the claim still held: one more, until the recounts are spent
+    chords._count(*args)
+    assert len(timers) == 2
+    assert timers[1][1][-1] == RECOUNTS - 2
+    timers.clear()
+    chords._count(counting, _member(), "SUCCESS", "r", 0)
+    assert timers == []
+    # the body sent: the claim marked done, nothing more to count
+    counting.client.set(key, "done", ex=300)
+    chords._count(*args)
+    assert timers == []
+    assert len(counting.counted) == 4
+
+
+def test_claim_held_reads_celerys_dispatch_claim(counting: CountingRedis) -> None:
+    key = counting.get_key_for_group(GROUP, ".c")
+    assert claim_held_s(counting, GROUP) is None  # not complete yet
+    counting.client.set(key, "token", px=2500)
+    held = claim_held_s(counting, GROUP)
+    assert held is not None
+    assert 0 < held <= 2.5
+    counting.client.set(key, "done", ex=300)
+    assert claim_held_s(counting, GROUP) is None
 
 
 def test_the_counting_request_replaces_only_celerys_own() -> None:
