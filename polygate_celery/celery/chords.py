@@ -22,9 +22,13 @@ A worker lost after the last count, while it sends the body, leaves the chord
 complete and its dispatch claimed by a process that is gone: a count then finds the
 claim held and sends nothing. So when a count leaves a claim held, the chord is
 counted once more after the claim's time runs out (Celery's claim is its own crash
-recovery: a count after it expired dispatches the body, one after the body was sent
-finds the chord done and does nothing). The later count runs on a timer in the
-process that counted: a process stopped before it fires leaves the body unsent.
+recovery: a count after it expired claims the dispatch again and sends the body).
+That later count runs on a timer in the process that counted: a process stopped
+before it fires leaves the body unsent. It cannot tell a body never sent from one
+sent by a process lost before it marked the chord done: it skips the count where
+the body has a state stored (a worker has it), and otherwise sends the body again,
+at least once as Celery's own redeliveries are (a governed body's execution guard
+drops the copy of a run it has seen).
 """
 
 from __future__ import annotations
@@ -91,12 +95,24 @@ def _count(backend: Any, request: Any, status: str, result: Any, recounts: int) 
     out, `recounts` times at most. Never raises."""
     group = request.group
     try:
+        if recounts < RECOUNTS and body_has_state(backend, request.chord):
+            return  # (the claim's holder sent the body and was lost before marking it)
         backend.on_chord_part_return(request, status, result)
-        held_s = claim_held_s(backend, group)
     except Exception:
         logger.warning(
             "task %s of chord %s: counting its stored outcome toward the chord failed; the "
             "chord's body may not run",
+            request.id,
+            group,
+            exc_info=True,
+        )
+        return
+    try:
+        held_s = claim_held_s(backend, group)
+    except Exception:
+        logger.warning(
+            "task %s of chord %s: counted, but the chord's dispatch claim could not be read; "
+            "if the process that claimed it was lost, the chord's body may not run",
             request.id,
             group,
             exc_info=True,
@@ -118,6 +134,16 @@ def _count(backend: Any, request: Any, status: str, result: Any, recounts: int) 
     )
     timer.daemon = True
     timer.start()
+
+
+def body_has_state(backend: Any, chord: Any) -> bool:
+    """Whether the body of `chord` (the member's ``request.chord``, a signature) has a
+    state stored: it was sent and a worker has it, so the chord was dispatched."""
+    options = chord.get("options") if isinstance(chord, dict) else None
+    body_id = (options or {}).get("task_id")
+    if not body_id:
+        return False
+    return bool(backend.get_task_meta(body_id).get("status") != states.PENDING)
 
 
 def claim_held_s(backend: Any, group: str) -> float | None:

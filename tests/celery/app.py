@@ -304,10 +304,11 @@ def _kill_before_counting(count: Any) -> Any:
 RedisBackend.on_chord_part_return = _kill_before_counting(RedisBackend.on_chord_part_return)
 
 
-@app.task
-def collect_lost_sending(values: list[Any]) -> list[Any]:
+@app.task(bind=True)
+def collect_lost_sending(self: Any, values: list[Any]) -> list[Any]:
     """A chord body whose first sender is killed after it claimed the dispatch, before
     it sent the body (`_kill_while_sending`)."""
+    note_run(self.request.id)
     return sorted(str(v) for v in values)
 
 

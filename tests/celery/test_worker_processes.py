@@ -266,7 +266,9 @@ def test_a_chord_whose_sender_was_lost_while_sending_its_body_still_runs_it(
         first, second = ask.s("one"), ask.s("two")
         result = chord([first, second])(collect_lost_sending.s())
         assert result.get(timeout=90) == ["fine", "fine"]
-        assert sync_redis.Redis.from_url(broker).get(f"killed:{result.id}") == b"1"
+        client = sync_redis.Redis.from_url(broker)
+        assert client.get(f"killed:{result.id}") == b"1"
+        assert client.llen(f"runs:{result.id}") == 1
 
 
 def test_a_killed_worker_process_loses_no_task_and_runs_it_at_most_twice(

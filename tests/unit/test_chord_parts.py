@@ -65,10 +65,12 @@ def timers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, tuple[Any, ...]
     class Timer:
         def __init__(self, delay: float, function: Any, args: tuple[Any, ...]) -> None:
             self.daemon = False
-            started.append((delay, args))
+            self.delay, self.function, self.args = delay, function, args
 
         def start(self) -> None:
             assert self.daemon
+            assert self.function is chords._count
+            started.append((self.delay, self.args))
 
     monkeypatch.setattr(chords.threading, "Timer", Timer)
     return started
@@ -135,7 +137,9 @@ def test_a_count_that_fails_is_logged_not_raised(
 
 
 def test_a_dispatch_claim_left_held_is_counted_again_once_it_ran_out(
-    counting: CountingRedis, timers: list[tuple[float, tuple[Any, ...]]]
+    counting: CountingRedis,
+    timers: list[tuple[float, tuple[Any, ...]]],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The chord is complete and its dispatch claimed by a process that may be gone
     (lost while it sent the body): the part is counted again after the claim's time."""
@@ -151,8 +155,10 @@ def test_a_dispatch_claim_left_held_is_counted_again_once_it_ran_out(
     assert len(timers) == 2
     assert timers[1][1][-1] == RECOUNTS - 2
     timers.clear()
-    chords._count(counting, _member(), "SUCCESS", "r", 0)
+    with caplog.at_level(logging.WARNING, logger="polygate_celery"):
+        chords._count(counting, _member(), "SUCCESS", "r", 0)
     assert timers == []
+    assert "still claimed after 5 later counts" in caplog.text
     # the body sent: the claim marked done, nothing more to count
     counting.client.set(key, "done", ex=300)
     chords._count(*args)
@@ -186,3 +192,63 @@ def test_the_counting_request_replaces_only_celerys_own() -> None:
     assert custom.name not in changed
     assert plain.Request == REQUEST
     assert custom.Request == "somewhere:Custom"
+
+
+def test_a_later_count_is_skipped_where_the_body_has_a_state(
+    counting: CountingRedis, timers: list[Any]
+) -> None:
+    """The claim's holder sent the body and was lost before it marked the chord done:
+    a worker has the body (its state is stored), so no later count sends it again."""
+    body_id = f"body-{uuid.uuid4().hex[:12]}"
+    member = SimpleNamespace(
+        id="t1", group=GROUP, chord={"task": "body", "options": {"task_id": body_id}}
+    )
+    chords._count(counting, member, "SUCCESS", "r", RECOUNTS - 1)  # no state yet: counted
+    assert len(counting.counted) == 1
+    counting.store_result(body_id, None, "STARTED")
+    try:
+        chords._count(counting, member, "SUCCESS", "r", RECOUNTS - 1)
+        assert len(counting.counted) == 1
+        chords._count(counting, member, "SUCCESS", "r", RECOUNTS)  # a first count: made
+        assert len(counting.counted) == 2
+    finally:
+        counting.forget(body_id)
+
+
+@pytest.mark.parametrize("decoded", [False, True])
+def test_celerys_own_count_against_a_held_and_a_free_dispatch_claim(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, decoded: bool
+) -> None:
+    """Celery's real chord script: a count that completes the chord while another
+    process holds the dispatch claim sends nothing and leaves the claim read as held;
+    once the claim is gone, the same count claims it, sends the body once and marks
+    the chord done."""
+    url = f"{redis_url}?decode_responses=true" if decoded else redis_url
+    app = Celery("chords", backend=url)
+    backend = app.backend
+    group = f"chord-parts-{uuid.uuid4().hex[:12]}"
+    sent: list[Any] = []
+    monkeypatch.setattr(app.amqp, "_retry_publish", lambda publish, *a, **k: sent.append(a))
+    member = SimpleNamespace(
+        id="m1",
+        group=group,
+        group_index=0,
+        chord=app.signature("body", options={"task_id": "b1"}),
+    )
+    claim = backend.get_key_for_group(group, ".c")
+    try:
+        backend.set_chord_size(group, 1)
+        backend.client.set(claim, "another-process", ex=30)
+        backend.on_chord_part_return(member, "SUCCESS", "r")
+        assert sent == []
+        held = claim_held_s(backend, group)
+        assert held is not None
+        assert 0 < held <= 30
+        backend.client.delete(claim)
+        backend.on_chord_part_return(member, "SUCCESS", "r")
+        assert len(sent) == 1
+        assert claim_held_s(backend, group) is None  # done
+    finally:
+        backend.client.delete(
+            claim, *(backend.get_key_for_group(group, k) for k in (".j", ".t", ".s", ".d"))
+        )
