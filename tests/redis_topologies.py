@@ -243,17 +243,34 @@ class RedisClusterGroup(_Processes):
     ) -> None:
         self.close()
 
+    def _spawn_node(self, port: int) -> None:
+        self.spawn(
+            port,
+            *_server_args(port),
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", f"nodes-{port}.conf",
+            "--cluster-node-timeout", str(DOWN_AFTER_MS),
+        )  # fmt: skip
+
+    def _node_answers(self, index: int) -> bool:
+        """Whether node `index` answers; a node that exited (its port or bus port taken
+        between the check and its start, by another test's server or connection) is
+        started again on other ports."""
+        port = self.ports[index]
+        if self.processes[port].poll() is not None:
+            del self.processes[port]
+            while (fresh := _cluster_port()) in self.ports or fresh + 10000 in self.ports:
+                pass
+            self.ports[index] = fresh
+            self._spawn_node(fresh)
+            return False
+        return bool(_client(port).ping())
+
     def start(self) -> None:
         for port in self.ports:
-            self.spawn(
-                port,
-                *_server_args(port),
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", f"nodes-{port}.conf",
-                "--cluster-node-timeout", str(DOWN_AFTER_MS),
-            )  # fmt: skip
-        for port in self.ports:
-            wait_for(lambda port=port: bool(_client(port).ping()), "the nodes to start")
+            self._spawn_node(port)
+        for index in range(len(self.ports)):
+            wait_for(lambda index=index: self._node_answers(index), "the nodes to start")
         cli = shutil.which("redis-cli") or str(Path(server_binary()).with_name("redis-cli"))
         subprocess.run(
             [cli, "--cluster", "create", *self.nodes, "--cluster-replicas", "1", "--cluster-yes"],
