@@ -20,6 +20,21 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def head_commit() -> str | None:
+    """The short commit the repository is at, or None where git cannot say."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
 def clean_env(*prefixes: str) -> dict[str, str]:
     """This environment without POLYGATE_* (it would override a written config) nor `prefixes`."""
     dropped = ("POLYGATE_", *prefixes)

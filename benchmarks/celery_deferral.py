@@ -50,6 +50,7 @@ from celery import Celery  # noqa: E402
 
 from benchmarks._processes import (  # noqa: E402
     clean_env,
+    head_commit,
     log,
     start_process,
     stop_all,
@@ -559,14 +560,8 @@ def machine(bench: Bench) -> str:
 
 def package_version() -> str:
     """The commit measured, and whether the package's files differed from it."""
+    commit = head_commit()
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            check=False,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "polygate_celery"],
             check=False,

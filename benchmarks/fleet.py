@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -41,6 +40,7 @@ from benchmarks._fleet import (  # noqa: E402
     ready_then_wait,
     run_fleet,
 )
+from benchmarks._processes import head_commit  # noqa: E402
 
 CAP, RPM = 8, 600
 LATENCY_S = (0.2, 0.4)
@@ -158,9 +158,10 @@ async def run(url: str, processes: int, callers: int) -> str:
     if peak > CAP or refusals or verdicts["success"] != processes * callers:
         lines += ["", f"**FAILED**: peak {peak} (cap {CAP}), {refusals} refusals, {verdicts}"]
     refill = RPM / PERIOD_S
+    commit = head_commit() or "unknown"
     lines += [
         "",
-        f"Measured at commit {_commit()} on {time.strftime('%Y-%m-%d')}. `make soak` runs "
+        f"Measured at commit {commit} on {time.strftime('%Y-%m-%d')}. `make soak` runs "
         "this script after its tests have passed and writes this file; it exits non-zero "
         "if the fleet went over its cap or quota or a call did not succeed.",
         "",
@@ -189,20 +190,6 @@ async def run(url: str, processes: int, callers: int) -> str:
         f"{refill:.0f} a second allow {RPM + refill * elapsed:,.0f}).",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
 
 
 def main() -> None:
