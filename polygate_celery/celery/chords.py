@@ -55,7 +55,7 @@ def counts_each_part_once(backend: Any) -> bool:
     """Whether counting a part again is harmless on `backend` (it remembers each part)."""
     try:
         from celery.backends import redis as redis_backend  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - redis-py is a dependency
+    except ImportError:  # (redis-py is a dependency of the package)
         return False
     script = getattr(redis_backend, "CHORD_PART_RETURN_LUA", "")
     return isinstance(backend, redis_backend.RedisBackend) and "SISMEMBER" in script

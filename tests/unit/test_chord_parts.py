@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import celery.backends
+import celery.backends.redis as redis_backend
 import pytest
 from celery import Celery
 from celery.backends.base import DisabledBackend
@@ -117,10 +120,36 @@ def test_a_backend_that_may_count_twice_gets_a_warning_naming_the_chord(
 ) -> None:
     app = Celery("chords")
     backend = CacheBackend(app=app, backend="memory://")
+    assert not counts_each_part_once(backend)
     with caplog.at_level(logging.WARNING, logger="polygate_celery"):
         count_stored_part(_task(backend), _member(), {"status": "SUCCESS", "result": 1})
-    assert f"chord {GROUP}" in caplog.text
-    assert "task t1" in caplog.text
+    (message,) = _warnings(caplog)
+    assert message.startswith(f"task t1 of chord {GROUP}: its outcome is stored")
+    assert "this result backend may count a part twice" in message
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, *, exc_info: bool = False) -> list[str]:
+    """The package's warnings, formatted (a broken format raises here); each with the
+    exception it was logged with where `exc_info`, else none."""
+    records = [r for r in caplog.records if r.name == "polygate_celery"]
+    assert all(r.levelno == logging.WARNING for r in records)
+    assert all((r.exc_info is not None) is exc_info for r in records)
+    return [r.getMessage() for r in records]
+
+
+def test_without_celerys_redis_backend_no_backend_counts_each_part_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where Celery's Redis backend cannot be imported, or its chord script is not the
+    one that remembers each part, no backend is trusted to count a part once."""
+    backend = RedisBackend(app=Celery("chords"), url="redis://127.0.0.1:1/0")
+    monkeypatch.setattr(redis_backend, "CHORD_PART_RETURN_LUA", "redis.call('INCR', KEYS[1])")
+    assert not counts_each_part_once(backend)
+    monkeypatch.delattr(redis_backend, "CHORD_PART_RETURN_LUA")
+    assert not counts_each_part_once(backend)
+    monkeypatch.delattr(celery.backends, "redis")
+    monkeypatch.setitem(sys.modules, "celery.backends.redis", None)
+    assert not counts_each_part_once(backend)
 
 
 def test_a_count_that_fails_is_logged_not_raised(
@@ -133,7 +162,40 @@ def test_a_count_that_fails_is_logged_not_raised(
     backend = Broken(Celery("chords"), redis_url)
     with caplog.at_level(logging.WARNING, logger="polygate_celery"):
         count_stored_part(_task(backend), _member(), {"status": "SUCCESS"})
-    assert "counting its stored outcome toward the chord failed" in caplog.text
+    (message,) = _warnings(caplog, exc_info=True)
+    assert message.startswith(f"task t1 of chord {GROUP}: counting its stored outcome")
+    assert "toward the chord failed" in message
+
+
+def test_a_claim_that_cannot_be_read_is_logged_after_the_count(
+    counting: CountingRedis,
+    timers: list[Any],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unreadable(*_: Any) -> float | None:
+        raise ConnectionError("down")
+
+    monkeypatch.setattr(chords, "claim_held_s", unreadable)
+    with caplog.at_level(logging.WARNING, logger="polygate_celery"):
+        count_stored_part(_task(counting), _member(), {"status": "SUCCESS", "result": "r"})
+    assert counting.counted == [("t1", "SUCCESS", "r")]
+    assert timers == []
+    (message,) = _warnings(caplog, exc_info=True)
+    assert message.startswith(f"task t1 of chord {GROUP}: counted, but the chord's dispatch")
+    assert "claim could not be read" in message
+
+
+def test_a_request_without_chord_fields_is_not_a_chord_member(
+    counting: CountingRedis, timers: list[Any]
+) -> None:
+    count_stored_part(_task(counting), SimpleNamespace(id="t1"), {"status": "SUCCESS"})
+    assert counting.counted == []
+
+
+@pytest.mark.parametrize("chord", [None, "body", ["body"]])
+def test_a_chord_without_a_body_id_has_no_body_state(counting: CountingRedis, chord: Any) -> None:
+    assert not chords.body_has_state(counting, chord)
 
 
 def test_a_dispatch_claim_left_held_is_counted_again_once_it_ran_out(
@@ -144,26 +206,33 @@ def test_a_dispatch_claim_left_held_is_counted_again_once_it_ran_out(
     """The chord is complete and its dispatch claimed by a process that may be gone
     (lost while it sent the body): the part is counted again after the claim's time."""
     key = counting.get_key_for_group(GROUP, ".c")
-    counting.client.set(key, "a-claim-token", ex=6)
+    counting.client.set(key, "a-claim-token", ex=600)
+    held_before = claim_held_s(counting, GROUP)
     count_stored_part(_task(counting), _member(), {"status": "SUCCESS", "result": "r"})
+    held_after = claim_held_s(counting, GROUP)
+    assert held_before is not None
+    assert held_after is not None
     assert len(timers) == 1
     delay, args = timers[0]
-    assert 0 < delay - RECOUNT_SLACK_S <= 6.0
+    assert held_after + RECOUNT_SLACK_S <= delay <= held_before + RECOUNT_SLACK_S
     assert args[1:] == (_member(), "SUCCESS", "r", RECOUNTS - 1)
-    # the later count, the claim still held: one more, until the recounts are spent
-    chords._count(*args)
-    assert len(timers) == 2
-    assert timers[1][1][-1] == RECOUNTS - 2
-    timers.clear()
+    # each later count, the claim still held: one more, until the recounts are spent
     with caplog.at_level(logging.WARNING, logger="polygate_celery"):
-        chords._count(counting, _member(), "SUCCESS", "r", 0)
-    assert timers == []
-    assert "still claimed after 5 later counts" in caplog.text
+        while len(timers) < RECOUNTS + 1 and timers[-1][1][-1] >= 0:
+            before = len(timers)
+            chords._count(*timers[-1][1])
+            if len(timers) == before:
+                break
+    assert [a[-1] for _, a in timers] == list(range(RECOUNTS - 1, -1, -1))
+    assert len(counting.counted) == RECOUNTS + 1
+    (message,) = _warnings(caplog)
+    assert message.startswith(f"task t1 of chord {GROUP}: the chord's dispatch is still")
+    assert f"claimed after {RECOUNTS} later counts" in message
     # the body sent: the claim marked done, nothing more to count
+    timers.clear()
     counting.client.set(key, "done", ex=300)
     chords._count(*args)
     assert timers == []
-    assert len(counting.counted) == 4
 
 
 def test_claim_held_reads_celerys_dispatch_claim(counting: CountingRedis) -> None:
@@ -173,6 +242,12 @@ def test_claim_held_reads_celerys_dispatch_claim(counting: CountingRedis) -> Non
     held = claim_held_s(counting, GROUP)
     assert held is not None
     assert 0 < held <= 2.5
+    counting.client.set(key, "token", px=100_000_000)
+    held = claim_held_s(counting, GROUP)
+    assert held is not None
+    assert 99_990 < held <= 100_000  # milliseconds read as seconds
+    counting.client.set(key, "token")  # a claim without a time: held for 0 s more
+    assert claim_held_s(counting, GROUP) == 0.0
     counting.client.set(key, "done", ex=300)
     assert claim_held_s(counting, GROUP) is None
 
