@@ -157,6 +157,46 @@ EQUIVALENT |= {
     ),
 }
 
+CHORDS = "polygate_celery.celery.chords."
+EQUIVALENT |= {
+    CHORDS + "x_counts_each_part_once__mutmut_11": Equivalent(
+        '"CHORD_PART_RETURN_LUA", "XXXX")',
+        "the default for a Redis backend module without Celery's chord script: any text "
+        "without SISMEMBER trusts no backend, as the empty one does (a test deletes it)",
+    ),
+    CHORDS + "x_claim_held_s__mutmut_8": Equivalent(
+        "pipeline(transaction=None)",
+        "GET and PTTL of one key read alike in a MULTI or not: the two replies are the "
+        "same, and only their values are used",
+    ),
+    CHORDS + "x_claim_held_s__mutmut_9": Equivalent(
+        "pipeline(transaction=True)",
+        "the same (see `x_claim_held_s__mutmut_8`)",
+    ),
+    CHORDS + "x__count__mutmut_24": Equivalent(
+        '"XXchord\'s body may not runXX"',
+        "the warning's last words only; a test checks what it says (the part, the chord, "
+        "the failed count) and that it carries the exception",
+        wording=True,
+    ),
+    CHORDS + "x__count__mutmut_25": Equivalent(
+        '"CHORD\'S BODY MAY NOT RUN"',
+        "the same words in capitals (see `x__count__mutmut_24`)",
+        wording=True,
+    ),
+    CHORDS + "x__count__mutmut_42": Equivalent(
+        '"XXif the process that claimed it',
+        "the warning's last words only; a test checks what it says (the part, the chord, "
+        "the claim not read) and that it carries the exception",
+        wording=True,
+    ),
+    CHORDS + "x__count__mutmut_43": Equivalent(
+        '"IF THE PROCESS THAT CLAIMED IT',
+        "the same words in capitals (see `x__count__mutmut_42`)",
+        wording=True,
+    ),
+}
+
 # Outcomes that leave a promise unchecked: mutmut's statuses other than these.
 KILLED = {"killed", "timeout", "caught by type check"}
 NOT_REACHED = "no tests"

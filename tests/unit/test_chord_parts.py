@@ -133,7 +133,7 @@ def _warnings(caplog: pytest.LogCaptureFixture, *, exc_info: bool = False) -> li
     exception it was logged with where `exc_info`, else none."""
     records = [r for r in caplog.records if r.name == "polygate_celery"]
     assert all(r.levelno == logging.WARNING for r in records)
-    assert all((r.exc_info is not None) is exc_info for r in records)
+    assert all(isinstance(r.exc_info, tuple) is exc_info for r in records)
     return [r.getMessage() for r in records]
 
 
