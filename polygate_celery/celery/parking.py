@@ -237,11 +237,16 @@ class ParkingLot:
 
     async def confirm(self, entry_id: str, token: str, keep_s: float = 0.0) -> bool:
         """The entry's message is published: keep the entry `keep_s` more seconds (its
-        run forgets it when it begins; else it is released again), or forget it now."""
+        run forgets it when it begins; else it is released again), or forget it now.
+        False if `token` no longer held its claim."""
+        return (await self.confirm_all([entry_id], token, keep_s))[0]
+
+    async def confirm_all(self, entry_ids: list[str], token: str, keep_s: float) -> list[bool]:
+        """`confirm` for each of `entry_ids`, in one script."""
         reply = await run_script(
-            self._scripts["confirm"], self.client, self.keys, [entry_id, token, repr(keep_s)]
+            self._scripts["confirm"], self.client, self.keys, [token, repr(keep_s), *entry_ids]
         )
-        return bool(int(reply))
+        return [bool(int(flag)) for flag in reply]
 
     async def size(self) -> int:
         try:
@@ -318,20 +323,44 @@ class Releaser:
         return backoff_delay(failed, base, max(base, RELEASE_BACKOFF_MAX_S), random.random())
 
     async def release_due(self, loop: asyncio.AbstractEventLoop | None = None) -> int:
-        """One round: claim what is due, publish it, confirm it. Returns how many went out.
+        """One round: claim what is due, publish it in order (one hand-off to a thread
+        for the round), confirm what went out (one script). Returns how many went out.
 
-        A publish that fails ends the round (the broker is likely down): that entry
-        and the rest stay claimed, due again for any releaser when the lease ends.
+        A publish that fails ends the round (the broker is likely down): the entries
+        published before it are confirmed, that entry and the rest stay claimed, due
+        again for any releaser when the lease ends. A releaser lost before it confirms
+        leaves its round's published entries to be released again then; each copy is
+        dropped by its run's guard.
         """
         loop = loop or asyncio.get_running_loop()
         claimed = await self.lot.claim(
             self.config.release_batch, self.config.claim_lease_s, self.token
         )
-        released = 0
-        for entry_id, message in claimed:
-            await loop.run_in_executor(
-                None, publish_message, self.app, message, self.config.claim_lease_s
+        if not claimed:
+            return 0
+        sent, error = await loop.run_in_executor(
+            None,
+            _publish_in_order,
+            self.app,
+            [message for _, message in claimed],
+            self.config.claim_lease_s,
+        )
+        if sent:
+            await self.lot.confirm_all(
+                [entry for entry, _ in claimed[:sent]], self.token, self.keep_s
             )
-            await self.lot.confirm(entry_id, self.token, self.keep_s)
-            released += 1
-        return released
+        if error is not None:
+            raise error
+        return sent
+
+
+def _publish_in_order(
+    app: Celery, messages: list[dict[str, Any]], confirm_timeout_s: float
+) -> tuple[int, Exception | None]:
+    """Publish `messages` in order until one fails: how many went out, and that failure."""
+    for sent, message in enumerate(messages):
+        try:
+            publish_message(app, message, confirm_timeout_s)
+        except Exception as exc:
+            return sent, exc
+    return len(messages), None

@@ -1,11 +1,12 @@
--- confirm.lua: a releaser has published a parked message.
+-- confirm.lua: a releaser has published parked messages (a round's, in one call).
 --
 -- KEYS[1]  {p}:v1:parked:<lot>   KEYS[2]  ...:msg   KEYS[3]  ...:claim
--- ARGV[1]  entry id        ARGV[2]  the releaser's token
--- ARGV[3]  seconds to keep the entry until the run it starts begins (execution.lua
+-- ARGV[1]  the releaser's token
+-- ARGV[2]  seconds to keep each entry until the run it starts begins (execution.lua
 --          forgets it then); 0: forget it now (a lot of an earlier version, whose
 --          entries no run names)
--- Returns  1 if this releaser still held the claim, else 0.
+-- ARGV[3..]  the entry ids
+-- Returns  per entry, in order: 1 if this releaser still held its claim, else 0.
 -- A kept entry is due again after ARGV[3] seconds: a published message that the broker
 -- lost before any worker ran it (kombu's Redis transport pops a message before it
 -- records it as unacknowledged) is released again; a copy is dropped by its run's guard.
@@ -17,22 +18,32 @@
 
 local MAX_DOUBLINGS = 5
 
-if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HDEL', KEYS[3], ARGV[1])
-local keep = tonumber(ARGV[3])
-if keep > 0 then
-  -- The run may have begun already and forgotten the entry (execution.lua): keep
-  -- nothing then, or the entry would come back without its message.
-  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-    redis.call('HDEL', KEYS[2], ARGV[1] .. '#released')
-    return 1
+local token, keep_s = ARGV[1], tonumber(ARGV[2])
+local now = nil
+local function confirm(id)
+  if redis.call('HGET', KEYS[3], id) ~= token then return 0 end
+  redis.call('HDEL', KEYS[3], id)
+  if keep_s > 0 then
+    -- The run may have begun already and forgotten the entry (execution.lua): keep
+    -- nothing then, or the entry would come back without its message.
+    if redis.call('HEXISTS', KEYS[2], id) == 0 then
+      redis.call('HDEL', KEYS[2], id .. '#released')
+      return 1
+    end
+    local released = redis.call('HINCRBY', KEYS[2], id .. '#released', 1)
+    local keep = keep_s * 2 ^ math.min(released - 1, MAX_DOUBLINGS)
+    if now == nil then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+    end
+    redis.call('ZADD', KEYS[1], now + keep, id)
+  else
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id, id .. '#released')
   end
-  local released = redis.call('HINCRBY', KEYS[2], ARGV[1] .. '#released', 1)
-  keep = keep * 2 ^ math.min(released - 1, MAX_DOUBLINGS)
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(t[2]) / 1000000 + keep, ARGV[1])
-else
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1], ARGV[1] .. '#released')
+  return 1
 end
-return 1
+
+local confirmed = {}
+for i = 3, #ARGV do confirmed[#confirmed + 1] = confirm(ARGV[i]) end
+return confirmed
