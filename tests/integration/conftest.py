@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest_asyncio
 
+from polygate_celery.celery import ParkingLot
 from polygate_celery.store.redis import redis_client
+from polygate_celery.store.redis.keys import KeySpace
 from tests.conftest import unique_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,4 +74,25 @@ async def fleet_prefix(redis_url: str) -> AsyncIterator[str]:
     keys += [k async for k in client.scan_iter(match=f"{prefix}*")]
     if keys:
         await client.delete(*keys)
+    await client.aclose()
+
+
+# A task message as a parking lot holds it (what `capture_message` gives).
+PARKED_MESSAGE: dict[str, Any] = {
+    "body": "W10=",
+    "headers": {"id": "t", "task": "t"},
+    "exchange": "",
+    "routing_key": "q",
+    "serializer": "json",
+    "compression": None,
+    "delivery_mode": 2,
+    "properties": {},
+}
+
+
+@pytest_asyncio.fixture
+async def lot(redis_url: str, fleet_prefix: str) -> AsyncIterator[ParkingLot]:
+    """A parking lot under the test's own prefix (`fleet_prefix` removes its keys)."""
+    client = redis_client(redis_url)
+    yield ParkingLot(client, KeySpace(prefix=fleet_prefix), "lot")
     await client.aclose()

@@ -5,34 +5,13 @@ copied a few times, not once per `release_check_s` for as long as the backlog la
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
 from polygate_celery.celery import ParkingLot
-from polygate_celery.store.redis import redis_client
-from polygate_celery.store.redis.keys import KeySpace
+from tests.integration.conftest import PARKED_MESSAGE
 
-MESSAGE = {
-    "body": "W10=",
-    "headers": {"id": "t", "task": "t"},
-    "exchange": "",
-    "routing_key": "q",
-    "serializer": "json",
-    "compression": None,
-    "delivery_mode": 2,
-    "properties": {},
-}
 KEEP_S = 100.0
-
-
-@pytest_asyncio.fixture
-async def lot(redis_url: str, fleet_prefix: str) -> AsyncIterator[ParkingLot]:
-    """A lot under the test's own prefix (`fleet_prefix` removes its keys afterwards)."""
-    client = redis_client(redis_url)
-    yield ParkingLot(client, KeySpace(prefix=fleet_prefix), "lot")
-    await client.aclose()
 
 
 async def due_in(lot: ParkingLot, entry: str) -> float:
@@ -56,7 +35,7 @@ async def release(lot: ParkingLot, entry: str) -> float:
 async def test_each_release_of_an_entry_whose_run_has_not_begun_waits_twice_as_long(
     lot: ParkingLot,
 ) -> None:
-    await lot.park("run-1", 0.0, dict(MESSAGE), 60.0)
+    await lot.park("run-1", 0.0, dict(PARKED_MESSAGE), 60.0)
     waits = [await release(lot, "run-1") for _ in range(8)]
     expected = [KEEP_S * 2**n for n in (0, 1, 2, 3, 4, 5, 5, 5)]  # doubled 5 times at most
     for wait, want in zip(waits, expected, strict=True):
@@ -67,7 +46,7 @@ async def test_each_release_of_an_entry_whose_run_has_not_begun_waits_twice_as_l
 async def test_an_entry_that_leaves_the_lot_leaves_no_release_count(
     lot: ParkingLot, how: str
 ) -> None:
-    await lot.park("run-1", 0.0, dict(MESSAGE), 60.0)
+    await lot.park("run-1", 0.0, dict(PARKED_MESSAGE), 60.0)
     await release(lot, "run-1")
     await release(lot, "run-1")
     await lot.client.zadd(lot.keys[0], {"run-1": 0})
@@ -78,5 +57,5 @@ async def test_an_entry_that_leaves_the_lot_leaves_no_release_count(
     else:
         await lot.bury("run-1", token, "test")
     assert await lot.client.hgetall(lot.keys[1]) == {}
-    await lot.park("run-1", 0.0, dict(MESSAGE), 60.0)  # parked anew: counted from one
+    await lot.park("run-1", 0.0, dict(PARKED_MESSAGE), 60.0)  # parked anew: counted from one
     assert KEEP_S - 5 < await release(lot, "run-1") <= KEEP_S

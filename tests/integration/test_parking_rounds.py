@@ -4,42 +4,20 @@ confirmed and the rest still claimed."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from celery import Celery
 
 from polygate_celery.celery import ParkingLot, parking
 from polygate_celery.celery.parking import Releaser
 from polygate_celery.config.models import DeferralConfig
-from polygate_celery.store.redis import redis_client
-from polygate_celery.store.redis.keys import KeySpace
-
-MESSAGE = {
-    "body": "W10=",
-    "headers": {"id": "t", "task": "t"},
-    "exchange": "",
-    "routing_key": "q",
-    "serializer": "json",
-    "compression": None,
-    "delivery_mode": 2,
-    "properties": {},
-}
-
-
-@pytest_asyncio.fixture
-async def lot(redis_url: str, fleet_prefix: str) -> AsyncIterator[ParkingLot]:
-    """A lot under the test's own prefix (`fleet_prefix` removes its keys afterwards)."""
-    client = redis_client(redis_url)
-    yield ParkingLot(client, KeySpace(prefix=fleet_prefix), "lot")
-    await client.aclose()
+from tests.integration.conftest import PARKED_MESSAGE
 
 
 async def park(lot: ParkingLot, *entries: str) -> None:
     for entry in entries:
-        await lot.park(entry, 0.0, {**MESSAGE, "headers": {"id": entry, "task": "t"}}, 60.0)
+        await lot.park(entry, 0.0, {**PARKED_MESSAGE, "headers": {"id": entry, "task": "t"}}, 60.0)
 
 
 async def claimed_by(lot: ParkingLot, entry: str) -> str | None:
