@@ -7,7 +7,7 @@
 --          entries no run names)
 -- ARGV[3..]  the entry ids
 -- Returns  per entry, in order: 1 if this releaser still held its claim, else 0.
--- A kept entry is due again after ARGV[3] seconds: a published message that the broker
+-- A kept entry is due again after ARGV[2] seconds: a published message that the broker
 -- lost before any worker ran it (kombu's Redis transport pops a message before it
 -- records it as unacknowledged) is released again; a copy is dropped by its run's guard.
 -- Each release of the same entry keeps it twice as long as the one before (at most
