@@ -20,19 +20,18 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def head_commit() -> str | None:
-    """The short commit the repository is at, or None where git cannot say."""
+def git(*args: str) -> str | None:
+    """What `git args` prints at the repository root, stripped, or None where git cannot run."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
     except OSError:
         return None
-    return out.stdout.strip() or None
+    return done.stdout.strip()
+
+
+def head_commit() -> str | None:
+    """The short commit the repository is at, or None where git cannot say."""
+    return git("rev-parse", "--short", "HEAD") or None
 
 
 def clean_env(*prefixes: str) -> dict[str, str]:

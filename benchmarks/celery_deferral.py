@@ -50,6 +50,7 @@ from celery import Celery  # noqa: E402
 
 from benchmarks._processes import (  # noqa: E402
     clean_env,
+    git,
     head_commit,
     log,
     start_process,
@@ -561,15 +562,8 @@ def machine(bench: Bench) -> str:
 def package_version() -> str:
     """The commit measured, and whether the package's files differed from it."""
     commit = head_commit()
-    try:
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "polygate_celery"],
-            check=False,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
+    dirty = git("status", "--porcelain", "polygate_celery")
+    if dirty is None:
         return "polygate_celery (no git)"
     state = " with local changes to polygate_celery/" if dirty else ""
     return f"polygate_celery at commit {commit or 'unknown'}{state}"
