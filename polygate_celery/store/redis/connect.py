@@ -148,7 +148,7 @@ def governance_client(config: StoreConfig) -> AsyncClient:
     timeouts = (config.socket_timeout_s, config.connect_timeout_s)
     if config.sentinels is not None:
         assert config.service_name is not None  # checked at load
-        sentinel = async_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = async_sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             [parse_address(a) for a in config.sentinels],
             sentinel_kwargs=_sentinel_options(config, Retry(NoBackoff(), 0)),
         )
@@ -185,11 +185,11 @@ def blocking_governance_client(config: StoreConfig) -> BlockingClient:
     timeouts = (config.socket_timeout_s, config.connect_timeout_s)
     if config.sentinels is not None:
         assert config.service_name is not None
-        sentinel = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             [parse_address(a) for a in config.sentinels],
             sentinel_kwargs=_sentinel_options(config, SyncRetry(NoBackoff(), 0)),
         )
-        blocking: sync.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        blocking: sync.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             config.service_name,
             redis_class=_SyncSentinelMaster,
             connection_pool_class=_SyncBlockingSentinelPool,
