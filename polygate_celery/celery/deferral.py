@@ -140,7 +140,7 @@ def defer(
     reset = isinstance(verdict, AllSourcesExhausted) and verdict.rate_limited
     delay = deferral_delay(estimate, state.grown, config, random.random(), grow=not reset)
     grown = state.grown if reset else state.grown + 1
-    headers = {**(task.request.headers or {}), DEFERRALS: count, GROWN: grown}
+    headers = guard.run.pinned({**(task.request.headers or {}), DEFERRALS: count, GROWN: grown})
     headers[FIRST_DEFERRED_AT] = first
     headers.pop(COPY, None)  # the next run is a new run, not a copy of this one
     signature = task.signature_from_request(task.request, headers=headers)
@@ -165,7 +165,7 @@ def requeue_copy(task: Task[Any, Any], runtime: WorkerRuntime, guard: ExecutionG
     the live run's marker would have lapsed (later each time it finds the run still
     alive, up to `COPY_WAIT_MAX_S`), and drop this delivery."""
     cycles = _count(task.request.headers and task.request.headers.get(COPY)) or 0
-    headers = {**(task.request.headers or {}), COPY: cycles + 1}
+    headers = guard.run.pinned({**(task.request.headers or {}), COPY: cycles + 1})
     signature = task.signature_from_request(task.request, headers=headers)
     wait = min(COPY_WAIT_MAX_S, max(guard.wait_s, 1.0) * 2 ** min(cycles, 6))
     delay = wait + random.uniform(0.1, 0.5)

@@ -11,9 +11,12 @@ submission: (task id, submission, deferral number, ``request.retries``).
 Markers, kept results and parking-lot entries are keyed by these, never by
 the task id alone.
 
-A message published by a process that never imported this package has no
-submission header; its runs are keyed by task id, as before submissions were
-told apart.
+A message published by a process that never imported this package (``send_task``
+from a web app, another team's service) has no submission header: its
+submission is the empty one. Every republish of it by this package (a
+deferral, a held-back copy) names that submission explicitly, so the stamp
+below leaves it as it is: the run a parked entry starts, and the run that
+begins from it, carry one key whoever published the first message.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ COPY = "polygate_copy"  # a copy of a live run, parked until that run is over
 
 def _stamp_submission(headers: dict[str, Any] | None = None, **_: Any) -> None:
     """``before_task_publish``: give a new submission its id (Celery lets receivers edit
-    the message headers here)."""
-    if headers is not None and not headers.get(SUBMISSION):
+    the message headers here). A header that is present, even empty (a republished
+    message from a producer without this package), is the message's own: kept."""
+    if headers is not None and SUBMISSION not in headers:
         headers[SUBMISSION] = uuid.uuid4().hex
 
 
@@ -72,6 +76,11 @@ class RunIdentity:
     @property
     def submission_key(self) -> str:
         return f"{self.task_id}:{self.submission}"
+
+    def pinned(self, headers: dict[str, Any]) -> dict[str, Any]:
+        """`headers` for a republish of this run's message: its submission named, so the
+        publish does not stamp a new one (the run's key would then change in flight)."""
+        return {**headers, SUBMISSION: self.submission}
 
     def deferred(self) -> RunIdentity:
         """The run that a deferral of this one releases later."""
