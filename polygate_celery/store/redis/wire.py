@@ -92,7 +92,7 @@ class KeptConnections:
             # Closed by the server since its last use (a restart, CLIENT KILL, a timeout):
             # connect anew rather than fail this call (redis-py 8's pool checks this only
             # with maintenance notifications off).
-            if connection.is_connected and await connection.can_read():
+            if connection.is_connected and await _closed_or_dirty(connection):
                 await connection.disconnect()
             await _send(connection, packed)
             reply = await connection.read_response()
@@ -111,6 +111,15 @@ class KeptConnections:
         idle, self._idle = self._idle, []
         for connection in idle:
             await self._pool.release(connection)
+
+
+async def _closed_or_dirty(connection: AbstractConnection) -> bool:
+    """The idle connection has data pending, or the server closed it: redis-py before
+    8.2 answers True for both; 8.2 raises ``ConnectionError`` for a closed one."""
+    try:
+        return bool(await connection.can_read())
+    except (RedisConnectionError, OSError):
+        return True
 
 
 async def _send(connection: AbstractConnection, packed: bytes) -> None:
