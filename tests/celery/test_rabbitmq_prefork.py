@@ -23,6 +23,15 @@ from polygate_celery.celery import DEFERRED
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.conftest import config_data
+from tests.celery.foreign import (
+    DEFERRAL,
+    PAUSE_S,
+    TASKS,
+    forget,
+    leaves_nothing_behind,
+    pause,
+    send_by_name,
+)
 from tests.celery.rabbitmq_app import QUEUE, app, ask_in
 from tests.celery.workers import ROOT, toml
 from tests.conftest import drop_result_subscriptions, own_redis
@@ -137,3 +146,28 @@ def test_a_killed_pool_process_is_delivered_again(
     runs = starter.runs(result.id)
     assert len(runs) == 2  # the killed run, then the redelivered one, once
     assert runs[0] != runs[1]
+
+
+def test_a_foreign_producers_tasks_run_once_after_their_deferrals(
+    rabbitmq_vhost: str,
+    results: str,
+    redis_url: str,
+    provider: SimulatedProvider,
+    tmp_path: Path,
+) -> None:
+    """`test_foreign_producer.py`'s test on RabbitMQ: tasks sent by a process that never
+    imported the package leave no parked entry behind and never run again."""
+    prefix = f"foreign-mq-{uuid.uuid4().hex[:8]}"
+    app.conf.update(broker_url=rabbitmq_vhost, result_backend=results)
+    path = tmp_path / f"{prefix}.toml"
+    path.write_text(toml(config_data(provider, redis_url, prefix, deferral=DEFERRAL)))
+    starter = PreforkWorker(rabbitmq_vhost, results, redis_url, prefix)
+    try:
+        with starter.start(path):
+            assert ask_in.delay("chat").get(timeout=90) == "fine"  # the pool is up
+            pause(redis_url, prefix, "main", PAUSE_S)
+            ids = send_by_name(rabbitmq_vhost, results, QUEUE, ask_in.name, ["chat", True])
+            assert [app.AsyncResult(i).get(timeout=90) for i in ids] == ["fine"] * TASKS
+            leaves_nothing_behind(ids, lambda i: len(starter.runs(i)), redis_url, prefix)
+    finally:
+        forget(redis_url, prefix)
