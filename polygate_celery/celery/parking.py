@@ -16,11 +16,11 @@ twice as long (at most 32 times): a message the broker lost in delivery is not
 lost, and one only queued behind a long backlog is copied a few times, not once
 per check. A releaser that dies mid-release loses nothing
 (the lease ends and another takes over), and a copy that this might publish
-twice is dropped when it runs (`guard`). An entry that is not a task message
-goes to the lot's dead letters (``:dead``, shown by
-``polygate-celery status``) once. While Redis or the broker is unreachable the
-loop backs off (bounded, jittered) and logs once when it starts failing and
-once when it recovers.
+twice is dropped when it runs (`guard`). An entry that is not a message a
+Celery worker can take (`parked_message` checks it as the worker reads it) goes
+to the lot's dead letters (``:dead``, shown by ``polygate-celery status``) once.
+While Redis or the broker is unreachable the loop backs off (bounded, jittered)
+and logs once when it starts failing and once when it recovers.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from polygate_celery.celery.parked_message import malformed
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.core.backoff import backoff_delay
 from polygate_celery.errors import GovernanceBackendError
@@ -160,21 +161,6 @@ def lot_name(app: Celery) -> str:
     return f"{app.main or 'default'}@{digest}"
 
 
-_MESSAGE_FIELDS = ("body", *_PUBLISH_FIELDS, "properties")  # what `publish_message` reads
-
-
-def _malformed(message: Any) -> str | None:
-    """Why a parked entry is not a task message, or None."""
-    if not isinstance(message, dict):
-        return f"not a message object: {type(message).__name__}"
-    missing = [name for name in _MESSAGE_FIELDS if name not in message]
-    if missing:
-        return "missing " + ", ".join(missing)
-    if not isinstance(message["headers"], dict) or not isinstance(message["properties"], dict):
-        return "headers and properties must be objects"
-    return None
-
-
 class ParkingLot:
     """One lot (four keys under the store's prefix), and its scripts."""
 
@@ -218,7 +204,7 @@ class ParkingLot:
             why: str | None = "not JSON"
             with contextlib.suppress(ValueError):
                 message = json.loads(text)
-                why = _malformed(message)
+                why = malformed(message)
             if why is None:
                 claimed.append((entry_id, message))
             else:
