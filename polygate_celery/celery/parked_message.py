@@ -4,9 +4,13 @@ A parked entry is read back from Redis, where anything may have written it. Publ
 as it is, a body that is not Celery's shape makes the worker that receives it crash
 (``Unrecoverable error``: the consumer unpacks the body outside the handlers that reject
 invalid tasks), and every worker that takes it after a restart crashes again; a
-serializer or compression kombu does not know makes the publish raise, every time. So
-an entry is checked, as Celery's worker would read it, before it is published:
-what fails goes to the dead letters, never to the broker. Nothing here logs or returns
+serializer or compression kombu does not know, or an exchange of the wrong type, makes
+the publish raise, every time; one to an exchange no queue is bound to is refused by
+RabbitMQ and dropped by kombu's Redis transport. So an entry is checked as Celery's
+worker would read it, and its route as the broker would take it, before it is
+published: what fails goes to the dead letters, never to the broker. A publish that
+fails anyway is told apart: the entry's own fault (it would fail again), or the
+broker's (it may go out later). Nothing here logs or returns
 any part of the body, headers or properties (they may hold task arguments): a reason
 names the field and the expected type only.
 """
@@ -17,7 +21,15 @@ import contextlib
 from datetime import datetime
 from typing import Any
 
+from celery import Celery
 from kombu import compression
+from kombu.exceptions import (
+    ContentDisallowed,
+    EncodeError,
+    MessageStateError,
+    OperationalError,
+    SerializerNotInstalled,
+)
 
 # The fields `publish_message` reads from an entry.
 MESSAGE_FIELDS = (
@@ -203,4 +215,65 @@ def _embed(embed: Any) -> str | None:
             return f"embed.{name} must be {kind.__name__} or null, not {_type(value)}"
         if isinstance(value, list) and not all(isinstance(item, dict) for item in value):
             return f"embed.{name} must hold signatures (objects)"
+    return None
+
+
+# Publish errors that are the message's own: publishing it again fails the same way.
+ENTRY_ERRORS: tuple[type[BaseException], ...] = (
+    EncodeError,
+    SerializerNotInstalled,
+    ContentDisallowed,
+    MessageStateError,
+    TypeError,
+    ValueError,
+    KeyError,
+    AttributeError,
+    UnicodeError,
+)
+
+
+# RabbitMQ's channel errors that are the message's: no such exchange, content too large
+# (kombu may wrap the second in an OperationalError: its cause keeps the code).
+_ENTRY_CODES = frozenset({404, 311})
+
+
+def entry_error(exc: BaseException) -> bool:
+    """Whether a publish failed for the message's own fault (it would fail again)."""
+    if isinstance(exc, ENTRY_ERRORS):
+        return True
+    return any(getattr(e, "code", None) in _ENTRY_CODES for e in (exc, exc.__cause__))
+
+
+def no_route(app: Celery, exchange: str, routing_key: str) -> str | None:
+    """Why the broker would take no message to `exchange` with `routing_key`, where it
+    can tell; else None. The default exchange ("") takes every message.
+
+    RabbitMQ refuses a publish to an exchange that does not exist (404, closing the
+    channel); kombu's Redis transport drops one that no queue's binding matches, silently.
+    Only an answer is a verdict: a broker that cannot be asked is not the entry's fault.
+    """
+    if not exchange:
+        return None
+    with app.connection_for_write() as connection:
+        try:
+            connection.connect()  # once: a broker that does not answer is no verdict
+            return _route_missing(connection, exchange, routing_key)
+        except connection.connection_errors as exc:
+            raise OperationalError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _route_missing(connection: Any, exchange: str, routing_key: str) -> str | None:
+    channel = connection.channel()
+    if connection.transport.driver_type == "amqp":
+        try:
+            channel.exchange_declare(exchange=exchange, type="direct", passive=True)
+        except Exception as exc:  # 404 NOT_FOUND is a channel error (its code says)
+            if getattr(exc, "code", None) == 404:
+                return "the exchange does not exist on the broker"
+            raise
+        return None
+    if hasattr(channel, "get_table") and hasattr(channel, "typeof"):  # kombu's virtual ones
+        table = channel.get_table(exchange)
+        if not channel.typeof(exchange).lookup(table, exchange, routing_key, None):
+            return "no queue is bound to the exchange for its routing key"
     return None
