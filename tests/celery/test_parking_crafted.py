@@ -1,9 +1,11 @@
-"""A corrupt entry in a real worker's parking lot: the worker stays alive, the entry goes
-to the dead letters, and every good task parked beside it runs to SUCCESS."""
+"""Corrupt entries in a real worker's parking lot (a body of "x", an unknown serializer or
+compression, an exchange of the wrong type or none, not JSON): the worker stays alive,
+each goes to the dead letters, and every good task parked beside them runs to SUCCESS."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,27 +34,38 @@ def prefix(redis_url: str) -> Iterator[str]:
         client.delete(key)
 
 
-def park(redis_url: str, prefix: str, entries: dict[str, dict[str, Any]]) -> None:
-    """Park `entries` (id -> message), due now, in order, in the worker's lot."""
+def park(redis_url: str, prefix: str, entries: dict[str, dict[str, Any] | str]) -> None:
+    """Park `entries` (id -> message, or a text stored as it is), due now, in order, in
+    the worker's lot."""
 
     async def parked() -> None:
         client = redis_client(redis_url)
         lot = ParkingLot(client, KeySpace(prefix=prefix), lot_name(app))
         for entry, message in entries.items():
-            await lot.park(entry, 0.0, message, 60.0)
+            await lot.park(entry, 0.0, message if isinstance(message, dict) else {}, 60.0)
+            if isinstance(message, str):
+                await client.hset(lot.keys[1], entry, message)
         await client.aclose()
 
     asyncio.run(parked())
 
 
-def test_a_worker_with_a_corrupt_entry_in_its_lot_stays_alive_and_runs_the_rest(
+def test_a_worker_with_corrupt_entries_in_its_lot_stays_alive_and_runs_the_rest(
     provider: SimulatedProvider, redis_url: str, broker: str, prefix: str, tmp_path: Path
 ) -> None:
     app.conf.update(broker_url=broker, result_backend=broker, task_default_queue="polygate-tests")
-    corrupt = capture_message(ask.s("corrupt"))
-    corrupt["body"] = "x"  # the right keys, not Celery's [args, kwargs, embed]
+    crafted: dict[str, dict[str, Any] | str] = {
+        "corrupt": {"body": "x"},  # the right keys, not Celery's [args, kwargs, embed]
+        "serializer": {"serializer": "bogus"},
+        "compression": {"compression": "bogus"},
+        "exchange type": {"exchange": {"name": ""}},
+        "no exchange": {"exchange": "polygate-no-such-exchange"},
+    }
+    for case, fields in crafted.items():
+        crafted[case] = {**capture_message(ask.s(case)), **dict(fields)}
+    crafted["not JSON"] = json.dumps(capture_message(ask.s("not JSON")))[:-7]
     goods = {f"good-{n}": capture_message(ask.s(f"n{n}")) for n in range(4)}
-    park(redis_url, prefix, {"corrupt": corrupt, **goods})
+    park(redis_url, prefix, {**crafted, **goods})
     with celery_worker(config_data(provider, redis_url, prefix), broker, tmp_path) as worker:
         ids = [message["headers"]["id"] for message in goods.values()]
         results = [app.AsyncResult(task_id) for task_id in ids]
@@ -62,5 +75,5 @@ def test_a_worker_with_a_corrupt_entry_in_its_lot_stays_alive_and_runs_the_rest(
         assert worker.poll() is None, "the worker died"
         parked = KeySpace(prefix=prefix).parked(lot_name(app))
         client = sync_redis.Redis.from_url(redis_url)
-        assert list(client.hgetall(f"{parked}:dead")) == [b"corrupt"]
-        assert client.zscore(parked, "corrupt") is None
+        assert sorted(client.hgetall(f"{parked}:dead")) == sorted(c.encode() for c in crafted)
+        assert not any(client.zscore(parked, case) for case in crafted)

@@ -4,6 +4,7 @@ its content, and the good entries of the same round are all released in that rou
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -111,6 +112,41 @@ async def test_a_crafted_entry_is_dead_lettered_once_and_holds_up_nothing(
     assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
     assert SECRET not in caplog.text
     assert await lot.size() == 0
+
+
+async def test_the_release_loop_buries_each_crafted_entry_once_and_fails_no_round(
+    lot: ParkingLot, broker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every crafted entry at once, among good ones, under the running release loop: one
+    ERROR line each, no failed round ("releasing parked tasks failed" / "works again")."""
+    app, queue = broker
+    caplog.set_level(logging.INFO, logger="polygate_celery")
+    goods = []
+    for n, (case, craft) in enumerate(CRAFTED.items()):
+        goods.append(f"good-{n}")
+        await lot.park(goods[-1], 0.0, good(goods[-1], queue), 60.0)
+        crafted = craft(good(case, queue))
+        await lot.park(case, 0.0, good(case, queue), 60.0)
+        text = crafted if isinstance(crafted, str) else json.dumps(crafted)
+        await lot.client.hset(lot.keys[1], case, text)
+    releaser = Releaser(app, lot, DeferralConfig(), keep=False)
+    releaser.start(asyncio.get_running_loop())
+    try:
+        for _ in range(300):  # the loop's rounds are 0.1-0.2 s apart; a generous 30 s
+            if await lot.size() == 0:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # a few more rounds, with nothing due
+    finally:
+        releaser.stop()
+    assert await lot.size() == 0
+    assert queued_ids(app, queue) == goods
+    assert sorted(await lot.dead_letters()) == sorted(CRAFTED)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == len(CRAFTED), errors
+    assert all(any(case in error for error in errors) for case in CRAFTED)
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+    assert SECRET not in caplog.text
 
 
 async def test_a_dead_letter_keeps_the_whole_entry(lot: ParkingLot, redis_url: str) -> None:
