@@ -16,11 +16,12 @@ twice as long (at most 32 times): a message the broker lost in delivery is not
 lost, and one only queued behind a long backlog is copied a few times, not once
 per check. A releaser that dies mid-release loses nothing
 (the lease ends and another takes over), and a copy that this might publish
-twice is dropped when it runs (`guard`). An entry that is not a task message
-goes to the lot's dead letters (``:dead``, shown by
-``polygate-celery status``) once. While Redis or the broker is unreachable the
-loop backs off (bounded, jittered) and logs once when it starts failing and
-once when it recovers.
+twice is dropped when it runs (`guard`). An entry that is not a message a
+Celery worker can take (`parked_message` checks it as the worker reads it), or
+whose publish fails for its own fault, goes whole to the lot's dead letters
+(``:dead``, shown by ``polygate-celery status``) once, and its round goes on.
+While Redis or the broker is unreachable the loop backs off (bounded, jittered)
+and logs once when it starts failing and once when it recovers.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from amqp.exceptions import ConnectionError as AMQPConnectionError
+from amqp.exceptions import MessageNacked
 from celery import Celery
 from celery.canvas import Signature
 from kombu.exceptions import OperationalError
@@ -47,6 +50,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from polygate_celery.celery.parked_message import entry_error, malformed, no_route
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.core.backoff import backoff_delay
 from polygate_celery.errors import GovernanceBackendError
@@ -69,7 +73,7 @@ RELEASE_BACKOFF_MAX_S = 30.0  # the longest pause of a release loop that keeps f
 
 def _scripts() -> dict[str, LuaScript]:
     package = "polygate_celery.celery"
-    names = ("park", "claim", "confirm", "bury")
+    names = ("park", "claim", "confirm", "bury", "unpublished")
     return {name: LuaScript(lua_text(package, name)) for name in names}
 
 
@@ -160,21 +164,6 @@ def lot_name(app: Celery) -> str:
     return f"{app.main or 'default'}@{digest}"
 
 
-_MESSAGE_FIELDS = ("body", *_PUBLISH_FIELDS, "properties")  # what `publish_message` reads
-
-
-def _malformed(message: Any) -> str | None:
-    """Why a parked entry is not a task message, or None."""
-    if not isinstance(message, dict):
-        return f"not a message object: {type(message).__name__}"
-    missing = [name for name in _MESSAGE_FIELDS if name not in message]
-    if missing:
-        return "missing " + ", ".join(missing)
-    if not isinstance(message["headers"], dict) or not isinstance(message["properties"], dict):
-        return "headers and properties must be objects"
-    return None
-
-
 class ParkingLot:
     """One lot (four keys under the store's prefix), and its scripts."""
 
@@ -218,7 +207,7 @@ class ParkingLot:
             why: str | None = "not JSON"
             with contextlib.suppress(ValueError):
                 message = json.loads(text)
-                why = _malformed(message)
+                why = malformed(message)
             if why is None:
                 claimed.append((entry_id, message))
             else:
@@ -226,7 +215,8 @@ class ParkingLot:
         return claimed
 
     async def bury(self, entry_id: str, token: str, why: str) -> None:
-        """Move a claimed entry that is not a task message to the dead letters, once."""
+        """Move a claimed entry that Celery cannot take to the dead letters (the whole
+        entry, after why), once; one ERROR line names it and why (never its content)."""
         buried = await run_script(
             self._scripts["bury"], self.client, [*self.keys, self.dead], [entry_id, token, why]
         )
@@ -234,6 +224,20 @@ class ParkingLot:
             logger.error(
                 "parked entry %s is not a task message (%s): moved to %s", entry_id, why, self.dead
             )
+
+    async def unpublished(self, entry_id: str, token: str, allowed: int, error: str) -> int:
+        """Count a release of a claimed entry that failed with an error of no known kind;
+        the `allowed`-th such failure buries it (one ERROR line). Returns the count."""
+        why = f"publishing it failed {allowed} times ({error})"
+        failed, buried = await run_script(
+            self._scripts["unpublished"],
+            self.client,
+            [*self.keys, self.dead],
+            [entry_id, token, allowed, why],
+        )
+        if int(buried):
+            logger.error("parked entry %s: %s: moved to %s", entry_id, why, self.dead)
+        return int(failed)
 
     async def confirm(self, entry_id: str, token: str, keep_s: float = 0.0) -> bool:
         """The entry's message is published: keep the entry `keep_s` more seconds (its
@@ -255,7 +259,7 @@ class ParkingLot:
             raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
 
     async def dead_letters(self) -> dict[str, str]:
-        """Entry id -> why it was buried (and the entry's first 4 KB)."""
+        """Entry id -> why it was buried, a newline, then the whole entry."""
         try:
             found = await self.client.hgetall(self.dead)
         except Exception as exc:
@@ -326,11 +330,17 @@ class Releaser:
         """One round: claim what is due, publish it in order (one hand-off to a thread
         for the round), confirm what went out (one script). Returns how many went out.
 
-        A publish that fails ends the round (the broker is likely down): the entries
-        published before it are confirmed, that entry and the rest stay claimed, due
-        again for any releaser when the lease ends. A releaser lost before it confirms
-        leaves its round's published entries to be released again then; each copy is
-        dropped by its run's guard.
+        Each entry is checked as Celery's worker would read it, and its route as the
+        broker would take it, before it is published: one that fails, or whose publish
+        fails for its own fault, goes to the dead letters and the round goes on. A
+        publish the broker refuses (a nack) leaves that entry claimed, due again when
+        the lease ends, and the round goes on (a round of nothing but refusals raises).
+        A publish that finds the broker unreachable (after `publish_message`'s retries)
+        ends the round: what went out is confirmed, the rest stay claimed, and it
+        raises (the loop backs off). A publish error of no known kind counts against
+        its entry, which is buried after `MAX_FAILED_RELEASES` of them. A releaser lost
+        before it confirms leaves its round's published entries to be released again
+        at the lease's end; each copy is dropped by its run's guard.
         """
         loop = loop or asyncio.get_running_loop()
         claimed = await self.lot.claim(
@@ -338,29 +348,72 @@ class Releaser:
         )
         if not claimed:
             return 0
-        sent, error = await loop.run_in_executor(
+        outcomes = await loop.run_in_executor(
             None,
-            _publish_in_order,
+            _publish_each,
             self.app,
             [message for _, message in claimed],
             self.config.claim_lease_s,
         )
+        sent = [e for (e, _), (kind, _) in zip(claimed, outcomes, strict=False) if kind == SENT]
         if sent:
-            await self.lot.confirm_all(
-                [entry for entry, _ in claimed[:sent]], self.token, self.keep_s
+            await self.lot.confirm_all(sent, self.token, self.keep_s)
+        broker_error: BaseException | None = None
+        held = 0  # entries left claimed for the broker's fault (due again at lease end)
+        for (entry, _), (kind, failure) in zip(claimed, outcomes, strict=False):
+            if kind == ENTRY_FAULT:
+                await self.lot.bury(entry, self.token, str(failure))
+            elif kind == UNKNOWN_ERROR:
+                await self.lot.unpublished(
+                    entry, self.token, MAX_FAILED_RELEASES, type(failure).__name__
+                )
+            elif kind == BROKER_ERROR and isinstance(failure, BaseException):
+                broker_error, held = failure, held + 1
+        held += len(claimed) - len(outcomes)  # not tried: the broker was unreachable
+        down = broker_error is not None and not isinstance(broker_error, MessageNacked)
+        if broker_error is not None and (down or not sent):
+            raise broker_error  # the loop backs off, and logs once
+        if held:
+            logger.warning(
+                "%d parked tasks not released this round (%s); due again in %.0f s",
+                held,
+                type(broker_error).__name__,
+                self.config.claim_lease_s,
             )
-        if error is not None:
-            raise error
-        return sent
+        return len(sent)
 
 
-def _publish_in_order(
+SENT, ENTRY_FAULT, BROKER_ERROR, UNKNOWN_ERROR = "sent", "entry", "broker", "unknown"
+MAX_FAILED_RELEASES = 5  # releases failed with an error of no known kind, before burial
+# The broker's own errors: the message may go out once it is back.
+_BROKER_ERRORS = (*TRANSIENT_BROKER_ERRORS, MessageNacked, AMQPConnectionError)
+
+
+def _publish_each(
     app: Celery, messages: list[dict[str, Any]], confirm_timeout_s: float
-) -> tuple[int, Exception | None]:
-    """Publish `messages` in order until one fails: how many went out, and that failure."""
-    for sent, message in enumerate(messages):
+) -> list[tuple[str, BaseException | str | None]]:
+    """Publish `messages` in order, each after a check of its route: per message, its
+    outcome (`SENT`, or a kind of failure and the error or reason). Stops after a
+    publish that found the broker unreachable (the rest are not tried)."""
+    outcomes: list[tuple[str, BaseException | str | None]] = []
+    routes: dict[tuple[str, str], str | None] = {}
+    for message in messages:
+        route = (message["exchange"], message["routing_key"])
         try:
-            publish_message(app, message, confirm_timeout_s)
+            if route not in routes:
+                routes[route] = no_route(app, *route)
+            why = routes[route]
+            if why is None:
+                publish_message(app, message, confirm_timeout_s)
         except Exception as exc:
-            return sent, exc
-    return len(messages), None
+            if entry_error(exc):
+                outcomes.append((ENTRY_FAULT, f"the publish raised {type(exc).__name__}"))
+            elif isinstance(exc, _BROKER_ERRORS):
+                outcomes.append((BROKER_ERROR, exc))
+                if not isinstance(exc, MessageNacked):
+                    break  # unreachable after publish_message's retries: the round ends
+            else:
+                outcomes.append((UNKNOWN_ERROR, exc))
+            continue
+        outcomes.append((SENT, None) if why is None else (ENTRY_FAULT, why))
+    return outcomes

@@ -79,7 +79,7 @@ async def fleet_prefix(redis_url: str) -> AsyncIterator[str]:
 
 # A task message as a parking lot holds it (what `capture_message` gives).
 PARKED_MESSAGE: dict[str, Any] = {
-    "body": "W10=",
+    "body": [[], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
     "headers": {"id": "t", "task": "t"},
     "exchange": "",
     "routing_key": "q",

@@ -20,6 +20,7 @@ for _, id in ipairs(due) do
     out[#out + 1] = message
   else
     redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id .. '#released', id .. '#failed')
     redis.call('HDEL', KEYS[3], id)
   end
 end

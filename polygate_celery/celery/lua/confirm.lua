@@ -13,7 +13,8 @@
 -- Each release of the same entry keeps it twice as long as the one before (at most
 -- MAX_DOUBLINGS times doubled; the count is the field "<id>#released" of KEYS[2]): a
 -- message that is only waiting behind a long queue is copied a few times, not once per
--- ARGV[3] for as long as the queue takes (each copy would lengthen the queue).
+-- ARGV[3] for as long as the queue takes (each copy would lengthen the queue). A
+-- confirmed entry loses its count of failed releases ("<id>#failed", unpublished.lua).
 -- Time: Redis TIME.
 
 local MAX_DOUBLINGS = 5
@@ -23,6 +24,7 @@ local now = nil
 local function confirm(id)
   if redis.call('HGET', KEYS[3], id) ~= token then return 0 end
   redis.call('HDEL', KEYS[3], id)
+  redis.call('HDEL', KEYS[2], id .. '#failed')  -- published: earlier failures are over
   if keep_s > 0 then
     -- The run may have begun already and forgotten the entry (execution.lua): keep
     -- nothing then, or the entry would come back without its message.
