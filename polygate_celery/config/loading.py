@@ -77,20 +77,46 @@ def config_error(exc: ValidationError) -> ConfigError:
             _field_path(e["loc"]),
             _unknown_key(e["loc"])
             if e["type"] == "extra_forbidden"
-            else e["msg"].removeprefix("Value error, "),
+            else _from_environment(e["loc"], e["type"], e["msg"].removeprefix("Value error, ")),
         )
         for e in exc.errors(include_input=False)
     ]
     return ConfigError(problems[0][0], problems[0][1], problems)
 
 
+# How to write a value of each type in the environment, where its text was not one.
+_WRITE = {
+    "bool_type": "write true or false",
+    "bool_parsing": "write true or false",
+    "int_type": "write a whole number",
+    "int_parsing": "write a whole number",
+    "int_from_float": "write a whole number",
+    "float_type": "write a number, e.g. 30 or 2.5",
+    "float_parsing": "write a number, e.g. 30 or 2.5",
+}
+
+
+def _variable_of(loc: Sequence[int | str]) -> str | None:
+    """The ``POLYGATE_*`` variable set that gives the value at `loc`, if one is set."""
+    variable = PREFIX + NESTED.join(str(part) for part in loc).upper()
+    return variable if any(name.upper() == variable for name in os.environ) else None
+
+
+def _from_environment(loc: Sequence[int | str], kind: str, message: str) -> str:
+    """`message`, naming the environment variable the value came from (and how to write it)."""
+    variable = _variable_of(loc)
+    if variable is None:
+        return message
+    hint = f": {_WRITE[kind]}" if kind in _WRITE else ""
+    return f"{message} (environment variable {variable}{hint})"
+
+
 def _unknown_key(loc: Sequence[int | str]) -> str:
     """What to say of a key no model has: the closest one that exists, if any, spelt as the
     environment variable when the key came from one."""
     close = difflib.get_close_matches(str(loc[-1]), _keys_under(loc[:-1]), n=1, cutoff=0.6)
-    variable = PREFIX + NESTED.join(str(part) for part in loc).upper()
-    from_environment = any(name.upper() == variable for name in os.environ)
-    if from_environment:
+    variable = _variable_of(loc)
+    if variable is not None:
         found = f"unknown setting (environment variable {variable})"
         if close:
             fixed = PREFIX + NESTED.join([*map(str, loc[:-1]), close[0]]).upper()

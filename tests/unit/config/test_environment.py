@@ -137,3 +137,13 @@ def test_text_that_is_not_what_the_setting_takes_is_refused(
     monkeypatch: pytest.MonkeyPatch, name: str, value: str, field: str
 ) -> None:
     assert refused(monkeypatch, **{name: value}).field == field
+
+
+def test_a_refused_value_names_its_variable_and_how_to_write_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    error = refused(monkeypatch, POLYGATE_INCLUDE_BODIES="yes")
+    assert error.message == (
+        "Input should be a valid boolean "
+        "(environment variable POLYGATE_INCLUDE_BODIES: write true or false)"
+    )
