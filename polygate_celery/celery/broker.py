@@ -18,6 +18,10 @@ against the one of the app's broker:
   transport ignores ``visibility_timeout``. Publishes wait for the broker's
   confirm (``confirm_publish``): a parked task's release forgets nothing the
   broker has not taken, and a refused publish raises.
+
+Every broker URL is checked before kombu reads it (`check_broker_urls`): a
+password with an unescaped ``#`` would otherwise make kombu raise an error that
+quotes the start of it. No error raised here holds any part of a URL.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from celery import Celery
 
+from polygate_celery.config.urls import check_broker_url
 from polygate_celery.errors import ConfigError
 
 logger = logging.getLogger("polygate_celery")
@@ -37,14 +42,42 @@ REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default visibility_timeout
 _configured: dict[int, tuple[frozenset[str], float]] = {}
 
 
+BROKER_URL_SETTINGS = ("broker_url", "broker_read_url", "broker_write_url")
+
+
+def check_broker_urls(app: Celery) -> None:
+    """Raise `ConfigError` naming the setting (never quoting the URL: it may hold a
+    password) when a broker URL of `app` does not parse as written."""
+    for setting in BROKER_URL_SETTINGS:
+        value: Any = app.conf.get(setting)
+        urls = value if isinstance(value, (list, tuple)) else [value]
+        for url in (u for u in urls if u):
+            try:
+                check_broker_url(str(url))
+            except ValueError as exc:
+                raise ConfigError(setting, str(exc)) from None
+
+
 def transport_kind(app: Celery, url: str | None) -> str:
     """kombu's driver type (``amqp``, ``redis``, ``sqs``...) of the transport of broker
-    `url` of `app`. No URL is Celery's default, ``amqp://``."""
+    `url` of `app`. No URL is Celery's default, ``amqp://``. kombu's own errors become a
+    `ConfigError` that quotes no part of the URL."""
+    check_broker_urls(app)
+    if url is not None:
+        try:
+            check_broker_url(url)
+        except ValueError as exc:
+            raise ConfigError("broker_url", str(exc)) from None
     try:
         connection = app.connection_for_write(url)  # not connected
         return str(connection.get_transport_cls().driver_type)
     except ImportError:  # the transport's client library is missing: Celery fails too
         return str(url or AMQP).split(":", 1)[0]
+    except Exception:
+        scheme = str(url or app.conf.broker_url or AMQP).partition("://")[0]
+        raise ConfigError(
+            "broker_url", f"kombu cannot use it (scheme {scheme!r}, or the URL's form)"
+        ) from None
 
 
 def broker_kinds(app: Celery) -> frozenset[str]:

@@ -24,6 +24,7 @@ from polygate_celery.cli.errors import CliError, Commands, positive_int
 from polygate_celery.cli.redaction import MASK, redact_url
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
+from polygate_celery.config.urls import check_broker_url
 from polygate_celery.core.policy import policy_for
 from polygate_celery.errors import ConfigError
 
@@ -68,16 +69,28 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no configuration: give FILE or set {CONFIG_PATH_ENV}")
     try:
         config = load_config(path)
+        check_broker(args.broker or os.environ.get("CELERY_BROKER_URL"))
     except ConfigError as exc:
         raise config_error(exc) from None
+    worker = worker_section(config, args.calls_per_task, args.broker, args.consumer_timeout_s)
     print(f"# {path}: valid. The effective configuration (the file, then POLYGATE_*")
     print("# environment variables; defaults merged; secrets redacted):\n")
     print(effective_configuration(config))
     print()
-    print(worker_section(config, args.calls_per_task, args.broker, args.consumer_timeout_s))
+    print(worker)
     print()
     print(warnings_text(config_warnings(config)))
     return 0
+
+
+def check_broker(url: str | None) -> None:
+    """Refuse (`ConfigError`, quoting no part of it) a broker URL that does not parse as
+    written, before anything is printed."""
+    if url:
+        try:
+            check_broker_url(url)
+        except ValueError as exc:
+            raise ConfigError("broker_url", str(exc)) from None
 
 
 def effective_configuration(config: GatewayConfig) -> str:

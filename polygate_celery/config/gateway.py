@@ -6,6 +6,7 @@ from typing import Any, Self
 
 from pydantic import Field, model_validator
 
+from polygate_celery.config.fields import _Strict
 from polygate_celery.config.models import (
     DeferralConfig,
     Name,
@@ -15,7 +16,6 @@ from polygate_celery.config.models import (
     SourceConfig,
     SourceSettings,
     StoreConfig,
-    _Strict,
     deep_merge,
 )
 from polygate_celery.errors import ConfigError
@@ -28,6 +28,7 @@ class GatewayConfig(_Strict):
     deferral: DeferralConfig = DeferralConfig()
     include_bodies: bool = Field(
         False,
+        strict=True,  # also where the environment's loader is lax (it types text itself)
         description="add truncated provider error bodies to attempt reasons (marked as such); "
         "they may hold prompt text",
     )

@@ -25,6 +25,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
         raise ConfigError(f"sources.{name}.model", "needed to call this source")
     stream = source.stream if source.stream is not None else source.ttft_timeout_s is not None
     ttft_s = source.ttft_timeout_s if source.ttft_timeout_s is not None else DEFAULT_TTFT_S
+    body_limit = source.max_body_bytes if source.max_body_bytes is not None else MAX_BODY_BYTES
     if source.adapter == "openai-sdk":
         openai = openai_module()
         key = source.key.get_secret_value() if source.key is not None else "unused"
@@ -37,7 +38,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
                 api_key=key,
                 base_url=base_url,
                 max_retries=0,
-                http_client=bounded_http_client(MAX_BODY_BYTES),
+                http_client=bounded_http_client(body_limit),
             )
 
         return OpenAISDKSource(
@@ -49,6 +50,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
             stream_idle_timeout_s=source.stream_idle_timeout_s,
             ocr_prompt=source.ocr_prompt or DEFAULT_OCR_PROMPT,
             include_bodies=include_bodies,
+            max_body_bytes=body_limit,
         )
     return OpenAIHttpSource(
         base_url=source.base_url,
@@ -61,6 +63,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
         ocr_endpoint=source.ocr_endpoint,
         ocr_prompt=source.ocr_prompt or DEFAULT_OCR_PROMPT,
         include_bodies=include_bodies,
+        max_body_bytes=body_limit,
     )
 
 

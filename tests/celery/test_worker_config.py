@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import traceback
 
 import pytest
 from celery import Celery, signals
@@ -241,3 +242,37 @@ def test_read_and_write_brokers_apart_each_get_what_their_side_needs() -> None:
     publish_rabbitmq.conf.broker_write_url = RABBITMQ  # publishes confirmed
     options = worker_settings(publish_rabbitmq, parse_config(CONFIG))["broker_transport_options"]
     assert set(options) == {"visibility_timeout", "unacked_restore_throttle", "confirm_publish"}
+
+
+BROKER_PASSWORD = "BRKq7Zx9Wv"
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [
+        f"redis://:{BROKER_PASSWORD}#@%:7@broker/0",  # kombu would read the password as a port
+        f"redis://:{BROKER_PASSWORD[:3]}#{BROKER_PASSWORD[3:]}@broker/0",  # a silent fragment
+        f"amqp://guest:{BROKER_PASSWORD}/x@rabbit//",
+        f"nosuch://guest:{BROKER_PASSWORD}@rabbit//",
+    ],
+    ids=["hash-port", "hash-fragment", "slash", "unknown-transport"],
+)
+def test_configure_worker_refuses_a_broker_url_by_name_without_its_password(
+    broker: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Celery("unparsed-broker", broker=broker, set_as_current=False)
+    with caplog.at_level(logging.DEBUG), pytest.raises(ConfigError) as caught:
+        configure_worker(app, parse_config(CONFIG))
+    assert caught.value.field == "broker_url"
+    printed = "".join(traceback.format_exception(caught.value)) + caplog.text
+    for i in range(len(BROKER_PASSWORD) - 2):
+        assert BROKER_PASSWORD[i : i + 3] not in printed
+
+
+def test_a_read_url_apart_is_checked_too() -> None:
+    app = Celery("unparsed-read", broker=REDIS_BROKER, set_as_current=False)
+    app.conf.broker_read_url = f"redis://:{BROKER_PASSWORD}#@broker/0"
+    with pytest.raises(ConfigError) as caught:
+        worker_settings(app, parse_config(CONFIG))
+    assert caught.value.field == "broker_read_url"
+    assert BROKER_PASSWORD not in str(caught.value)
