@@ -38,9 +38,10 @@ def config() -> Any:
 
 
 class LapsingSource:
-    """"first": its permit's lease vanishes from Redis while it is at the provider (as
-    when it runs out), a "second" call is then admitted, and "first" is answered after a
-    renewal has found its lease gone. "second" holds until the test lets it go."""
+    """The call "first" has its permit's lease vanish from Redis while it is at the
+    provider (as when it runs out); a "second" call is then admitted, and "first" is
+    answered after a renewal has found its lease gone. "second" holds until the test
+    lets it go."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
