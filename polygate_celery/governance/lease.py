@@ -9,6 +9,16 @@ guaranteed (its last successful renewal, plus the lease, minus a safety margin
 of a sixth, has passed on the local clock) is cancelled rather than left to run
 unfenced past a lease another worker may already hold; the call then fails
 closed with `GovernanceBackendError`.
+
+That fence works only before the lease lapses. A lease found already gone --
+the store says it is no longer held, or the renewer first runs after the
+lease's end, because the process was frozen (SIGSTOP, a VM or GC pause) or its
+event loop blocked -- fences nothing any more: its permit may be another
+call's already, and the request is at the provider, paid for. Its attempt is
+then left to finish (within its own timeout) and only marked `lapsed`, so the
+answer is kept (SPEC §3 rule 14); the loop logs it and settles what the store
+allows. The source's cap can be exceeded by such a request for as long as its
+holder was frozen plus the request's remaining time.
 """
 
 from __future__ import annotations
@@ -33,10 +43,12 @@ class Lease:
     source: SourceTerms
     permit_id: str
     lease_s: float
-    valid_until: float
+    valid_until: float  # past this, the lease is not guaranteed: the attempt is stopped
+    lapses_at: float  # past this, the store's lease has ended for sure (local clock)
     owner: asyncio.Task[object]
     cancelling: int
-    lost: str | None = field(default=None)
+    lost: str | None = field(default=None)  # why the attempt was stopped
+    lapsed: str | None = field(default=None)  # why the lease is gone; the attempt runs on
     renewer: LeaseRenewer | None = field(default=None, repr=False)
 
     def __enter__(self) -> Lease:
@@ -81,7 +93,8 @@ class LeaseRenewer:
         owner = asyncio.current_task()
         assert owner is not None
         valid_until = asked_at + grant.lease_s * 5 / 6
-        if self._clock.now() >= valid_until:
+        now = self._clock.now()
+        if now >= valid_until:
             raise GovernanceBackendError(
                 f"the permit at {source.name!r} arrived too late to trust its lease"
             )
@@ -90,6 +103,7 @@ class LeaseRenewer:
             permit_id=grant.permit_id,
             lease_s=grant.lease_s,
             valid_until=valid_until,
+            lapses_at=now + grant.lease_s,  # granted before this reply arrived
             owner=owner,
             cancelling=owner.cancelling(),
             renewer=self,
@@ -144,19 +158,29 @@ class LeaseRenewer:
         if not finished or held is None or len(held) != len(leases):
             self._cancel_expired()
             return
+        answered = self._clock.now()
         for lease, still_held in zip(leases, held, strict=True):
             if self._leases.get(lease.permit_id) is not lease:
                 continue  # its attempt ended (and settled) while the renewal was in flight
             if still_held:
                 lease.valid_until = sent + lease.lease_s * 5 / 6
+                lease.lapses_at = answered + lease.lease_s
             else:
-                self._lose(lease, "its permit lease was reclaimed")
+                self._lapse(lease, "the store no longer held it")
 
     def _cancel_expired(self) -> None:
         now = self._clock.now()
         for lease in list(self._leases.values()):
-            if now >= lease.valid_until:
+            if now >= lease.lapses_at:  # too late to fence: the renewer itself was held up
+                self._lapse(lease, "it lapsed while this process was held up")
+            elif now >= lease.valid_until:
                 self._lose(lease, "its permit lease could not be renewed in time")
+
+    def _lapse(self, lease: Lease, why: str) -> None:
+        """A lease already gone: stopping its attempt would end no overlap at the
+        source, only throw away a request that is paid for. Mark it; the loop logs it."""
+        lease.lapsed = why
+        self._leases.pop(lease.permit_id, None)
 
     def _lose(self, lease: Lease, why: str) -> None:
         if lease.lost is None:

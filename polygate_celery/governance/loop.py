@@ -71,7 +71,7 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     SourceFatalError,
 )
-from polygate_celery.governance.lease import LeaseRenewer
+from polygate_celery.governance.lease import Lease, LeaseRenewer
 from polygate_celery.governance.places import Place, PlaceKeeper
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import Source
@@ -393,14 +393,20 @@ class GovernedCall:
         timeout_s = min(full_timeout_s, self.deadline - started)
         with self.clock.attempting() as attempt:
             try:
-                with self._lease(grant, asked_at):
+                lease = self._lease(grant, asked_at)  # raises if the grant came too late
+                with lease:
                     outcome = await self.rt.sources[source].send(self.payload, timeout_s=timeout_s)
             except BaseException:
                 await self._release(grant)
                 raise
             # An attempt the call's deadline cut short says nothing about its source.
             cut_short = outcome.timed_out and timeout_s < full_timeout_s
-            await self._settle(grant, outcome, cut_short)
+            held = await self._settle(grant, outcome, cut_short)
+            lapsed = lease.lapsed if isinstance(lease, Lease) else None
+            if lapsed is None and not held and grant.lease_s is not None:
+                lapsed = "settling found it released"
+            if lapsed is not None:
+                self._warn_lapsed(source, outcome, lapsed)
             charged = outcome.kind is not OutcomeKind.SUCCESS
             if outcome.kind is OutcomeKind.RATE_LIMITED and self.plan.policy.rate_limit_exempt:
                 attempt.refund()
@@ -450,6 +456,19 @@ class GovernedCall:
             return contextlib.nullcontext()
         return self.rt.leases.hold(self.plan.terms[grant.source], grant, asked_at)
 
+    def _warn_lapsed(self, source: str, outcome: Outcome, why: str) -> None:
+        """An attempt outlived its permit's lease (SPEC §3 rule 14): its answer is kept,
+        a success returned, but the source may have run more than its cap meanwhile."""
+        logger.warning(
+            "scope %r: the permit lease at source %r lapsed during its attempt (%s); "
+            "its answer (%s) is kept, and the source may have run more calls than its "
+            "cap meanwhile",
+            self.plan.name,
+            source,
+            why,
+            outcome.kind.value,
+        )
+
     def _record(
         self, source: str, outcome: Outcome, started: float, burned: bool, *, productive: bool
     ) -> None:
@@ -467,7 +486,9 @@ class GovernedCall:
         if self.rt.telemetry.active:
             self.rt.telemetry.emit(AttemptEvent(self.plan.name, len(self.trail), record))
 
-    async def _settle(self, grant: Grant, outcome: Outcome, cut_short: bool) -> None:
+    async def _settle(self, grant: Grant, outcome: Outcome, cut_short: bool) -> bool:
+        """Record the attempt; whether its permit was still held (True when unknown: the
+        store failed to record a success, which is logged here)."""
         kind = outcome.kind
         success = kind is OutcomeKind.SUCCESS
         effect = Effect.NEUTRAL if cut_short else effect_of(kind, outcome.credentials_rejected)
@@ -492,7 +513,7 @@ class GovernedCall:
         if effect is Effect.AUTH_FAILURE:
             self._alert_credentials(grant.source)
         try:
-            await self.rt.store.settle(settlement)
+            return await self.rt.store.settle(settlement)
         except Exception:
             if not success:
                 raise
@@ -503,6 +524,7 @@ class GovernedCall:
                 grant.source,
                 exc_info=True,
             )
+            return True
 
     async def _release(self, grant: Grant) -> None:
         """Give the permit back after an attempt that did not finish (e.g. cancelled)."""

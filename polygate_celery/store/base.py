@@ -180,8 +180,10 @@ class Store(Protocol):
         """Release the permit and record the attempt; False if it was no longer held.
 
         For a permit no longer held (settled already, or reclaimed after its
-        lease expired) only the facts safe to record twice are kept: the pause,
-        the scope's progress and the provider's announced limits.
+        lease expired while its answer came) only the facts safe to record twice
+        are kept: the pause, the provider's announced limits and what a success
+        shows (the scope's progress; the source serving: breaker closed, AIMD
+        increase). Nothing is released: the permit may be another call's now.
         """
         ...
 

@@ -423,8 +423,11 @@ class MemoryStore:
         now = self._clock.now()
         terms = settlement.source
         state = self._source(terms)
-        # Facts safe to record twice are kept even for a permit no longer held;
-        # the breaker, AIMD and tokens belong to the permit's own accounting.
+        # Facts safe to record twice are kept even for a permit no longer held (its
+        # lease lapsed while the answer came): the pause, the announcements, and what a
+        # success shows (the source serves: breaker closed, AIMD increase, progress).
+        # A failure's breaker count and AIMD decrease, and the token settlement, belong
+        # to the permit's own accounting.
         if settlement.pause_s is not None and settlement.pause_s > 0:
             state.paused_until = max(state.paused_until, now + settlement.pause_s)
         held = settlement.permit_id in state.permits
@@ -437,17 +440,19 @@ class MemoryStore:
         if settlement.effect is Effect.SUCCESS:
             self._progress[settlement.scope] = now
             self._gates.pop(settlement.scope, None)  # the scope is alive: open its gate
-        if not held:
+        if not held and settlement.effect is not Effect.SUCCESS:
             return False
-        state.permits.discard(settlement.permit_id)
         state.breaker = breaker_settle(
             state.breaker, terms.breaker, now, settlement.permit_id, settlement.effect
         )
         assert state.aimd is not None
         if settlement.effect is Effect.SUCCESS:
             state.aimd = aimd_on_success(state.aimd, terms.aimd, terms.max_concurrency)
+            if not held:
+                return False
         elif settlement.congested:
             state.aimd = aimd_on_congestion(state.aimd, terms.aimd, settlement.admitted_at, now)
+        state.permits.discard(settlement.permit_id)
         quota = terms.quota
         if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
             quota_state = self._quotas.setdefault(quota.name, _QuotaState())

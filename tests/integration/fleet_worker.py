@@ -4,7 +4,7 @@ Run as ``python -m tests.integration.fleet_worker '<json spec>'``; prints one JS
 line with what happened. Modes:
 
 * ``witness``: `callers` concurrent callers each make `calls` governed calls whose
-  source holds the witness for 0-`hold_ms` ms;
+  source holds the witness for 0-`hold_ms` ms (`hold_ms` exactly with `hold_exact`);
 * ``counter``: the source does an unguarded read-increment-write of a Redis key
   (not a governance key): only the permit protects it;
 * ``hold``: one call whose source never answers, so its permit is held (and its
@@ -39,14 +39,14 @@ from tests.integration.witness import WitnessClient
 
 
 class WitnessSource:
-    def __init__(self, port: int, hold_ms: float, rng: random.Random) -> None:
+    def __init__(self, port: int, hold_ms: float, rng: random.Random, exact: bool) -> None:
         self.clients: dict[int, WitnessClient] = {}
-        self.port, self.hold_ms, self.rng = port, hold_ms, rng
+        self.port, self.hold_ms, self.rng, self.exact = port, hold_ms, rng, exact
 
     async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
         task_id = id(asyncio.current_task())
         client = self.clients.setdefault(task_id, WitnessClient(self.port))
-        await client.hold(self.rng.uniform(0, self.hold_ms))
+        await client.hold(self.hold_ms if self.exact else self.rng.uniform(0, self.hold_ms))
         return Outcome.success("ok")
 
 
@@ -122,7 +122,9 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
     mode = spec["mode"]
     source: Any
     if mode == "witness":
-        source = WitnessSource(spec["witness_port"], spec["hold_ms"], rng)
+        source = WitnessSource(
+            spec["witness_port"], spec["hold_ms"], rng, spec.get("hold_exact", False)
+        )
     elif mode == "counter":
         source = CounterSource(spec["redis_url"], spec["counter_key"], rng)
     elif mode == "hold":

@@ -1,7 +1,9 @@
 """The lease rule on the renewer itself: what extends a lease, what stops its attempt, when.
 
 A lease is guaranteed for five sixths of `lease_s` from the sending of its last
-successful renewal; past that the attempt is stopped with GovernanceBackendError.
+successful renewal; past that the attempt is stopped with GovernanceBackendError,
+unless the lease is gone already (the store says so, or the renewer first runs past
+the lease's end): then the attempt runs on, its lease marked lapsed.
 These drive `LeaseRenewer` directly in virtual time, with a store whose renewals
 do what each test says (the Redis store's real renewals are tested elsewhere).
 """
@@ -112,16 +114,55 @@ async def test_a_broken_renewal_answer_fails_closed(answer: str) -> None:
     await renewer.aclose()
 
 
-async def test_a_reclaimed_lease_stops_its_attempt_with_that_reason() -> None:
+async def test_a_reclaimed_lease_is_marked_lapsed_and_its_attempt_runs_on() -> None:
+    """The store no longer holds the permit: stopping the attempt would not give it back,
+    only throw away a request that is paid for (SPEC §3 rule 14)."""
     clock = VirtualClock()
-    renewer = LeaseRenewer(RenewalStore(clock, "reclaimed"), clock)
+    store = RenewalStore(clock, "reclaimed")
+    renewer = LeaseRenewer(store, clock)
 
-    ended, why = await attempt(renewer, clock, "p", 300)
+    with renewer.hold(SOURCE, Grant("a", "p", 0.0, LEASE_S), 0.0) as lease:
+        await clock.sleep(300)
 
-    assert (ended, why) == (
-        10.0,
-        "governance store unavailable: attempt at 'a' stopped: its permit lease was reclaimed",
-    )
+    assert (clock.now(), lease.lost, lease.lapsed) == (300.0, None, "the store no longer held it")
+    assert store.renewals == [(10.0, ["p"])]  # never renewed again
+    await renewer.aclose()
+
+
+@pytest.mark.parametrize(
+    ("frozen_at", "frozen_s", "lapsed"),
+    [
+        (5, 26, True),  # resumes at 31, past the granted lease's end (30)
+        (5, 21, False),  # resumes at 26: past its guarantee (25), not its end
+        (15, 26, True),  # renewed at 10: resumes at 41, past the renewed lease's end (40)
+        (15, 21, False),  # resumes at 36: past 10 + 25, before 40
+    ],
+)
+async def test_a_renewer_held_up_past_a_leases_end_lets_its_attempt_run_on(
+    frozen_at: float, frozen_s: float, lapsed: bool
+) -> None:
+    """A process stopped (SIGSTOP, a VM or GC pause) with an attempt in flight: when it
+    resumes before its lease can have lapsed the fence still holds and stops the attempt;
+    after, the permit may be another's already, and the attempt runs on to its answer."""
+    clock = VirtualClock()
+    renewer = LeaseRenewer(RenewalStore(clock, "ok"), clock)
+
+    try:
+        with renewer.hold(SOURCE, Grant("a", "p", 0.0, LEASE_S), 0.0) as lease:
+            await clock.sleep(frozen_at)
+            clock.advance(frozen_s)  # no task runs meanwhile
+            await clock.sleep(1)  # the renewer's overdue turn comes first
+        outcome = "done"
+    except GovernanceBackendError as error:
+        outcome = str(error)
+
+    resumed = frozen_at + frozen_s
+    if lapsed:
+        assert (outcome, clock.now()) == ("done", resumed + 1)
+        assert lease.lapsed == "it lapsed while this process was held up"
+    else:
+        assert "could not be renewed in time" in outcome
+        assert clock.now() == resumed
     await renewer.aclose()
 
 

@@ -360,3 +360,44 @@ async def test_a_settlement_of_a_permit_no_longer_held_keeps_pause_and_progress(
     assert not await h.settle(grant, A, Effect.SUCCESS, scope="late")
     assert await h.store.progress_age_s("late") == 0
     assert (await h.store.snapshot(A)).breaker_failures == 0
+
+
+async def test_a_success_on_a_permit_reclaimed_and_granted_again_keeps_what_it_shows(
+    h: Harness,
+) -> None:
+    """A success whose lease lapsed while its answer came (SPEC §3 rule 14): the source
+    serves, so its breaker closes and AIMD rises, and the scope progressed; but the
+    permit that lapsed may be another call's now, so nothing is released."""
+    source = SourceTerms("lapsing", 4, breaker=BreakerTerms(failure_threshold=3))
+    await fail(h, source)
+    await fail(h, source)
+    h.clock.advance(1.0)
+    congested = await h.grant(source)
+    await h.settle(congested, source, Effect.NEUTRAL, congested=True)  # a 429: limit 4 -> 2
+    lapsed = await h.grant(source)  # its lease lapses: the store forgets it ...
+    h.clock.advance(1.0)
+    assert await h.settle(lapsed, source, Effect.NEUTRAL) is True  # (as a reclaim does)
+    holders = [await h.grant(source), await h.grant(source)]  # ... and grants it again
+    before = await h.snapshot(source)
+    assert (before.breaker_failures, before.permit_limit, before.permits_in_use) == (2, 2, 2)
+
+    assert await h.settle(lapsed, source, Effect.SUCCESS, scope="late") is False
+
+    after = await h.snapshot(source)
+    assert (after.breaker, after.breaker_failures) == ("closed", 0)
+    assert after.permit_limit == 3
+    assert after.permits_in_use == 2  # the holders' permits stay theirs
+    assert await h.store.progress_age_s("late") == 0
+    for holder in holders:
+        assert await h.settle(holder, source) is True
+
+
+async def test_a_failure_on_a_permit_no_longer_held_counts_nothing(h: Harness) -> None:
+    source = SourceTerms("lapsing", 4, breaker=BreakerTerms(failure_threshold=3))
+    await fail(h, source)
+    grant = await h.grant(source)
+    assert await h.settle(grant, source, Effect.NEUTRAL)
+    h.clock.advance(1.0)
+    assert not await h.settle(grant, source, Effect.FAILURE, congested=True)
+    after = await h.snapshot(source)
+    assert (after.breaker_failures, after.permit_limit, after.permits_in_use) == (1, 4, 0)

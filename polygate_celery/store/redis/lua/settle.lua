@@ -1,10 +1,12 @@
 -- settle.lua: end the attempt holding a permit: release it and record what the
 -- attempt says (breaker, AIMD, Retry-After pause, token usage, scope progress).
--- A permit no longer held (settled already, or reclaimed after its lease expired)
--- returns 0 and keeps only the facts that are safe to record twice: the pause a
--- 429 asked for and the progress a success made. The breaker, AIMD and token
--- accounting belong to the permit and are not touched again. Only what changes is
--- written: a success on a healthy source at its cap writes nothing to the state.
+-- A permit no longer held (settled already, or reclaimed after its lease expired
+-- while its answer came) returns 0 and keeps only the facts that are safe to record
+-- twice: the pause a 429 asked for, and what a success shows (the scope's progress,
+-- the source serving: breaker closed, AIMD increase). A failure's breaker count and
+-- AIMD decrease and the token accounting belong to the permit and are not touched
+-- again; nothing is released or handed on. Only what changes is written: a success
+-- on a healthy source at its cap writes nothing to the state.
 --
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
@@ -102,7 +104,7 @@ if effect == 'success' then
   redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[24])))
   redis.call('DEL', KEYS[5])
 end
-if not held then
+if not held and effect ~= 'success' then
   if #set > 0 then redis.call('HSET', skey, unpack(set)) end
   return 0
 end
@@ -151,6 +153,7 @@ elseif a[11] then
   redis.call('HDEL', skey, 'probe')
 end
 if #set > 0 then redis.call('HSET', skey, unpack(set)) end
+if not held then return 0 end  -- a success's facts are kept; no permit is freed
 
 if tpm > 0 and est > 0 then
   local delta = charge_s(used, tpm) - charge_s(est, tpm)
