@@ -1,24 +1,31 @@
 """Source layer: what a 2xx answer's body holds, read into a success or refused as malformed.
 
-Both OpenAI-style adapters read the same JSON here, so a completion, an
-embedding list or an OCR answer is judged the same whichever way it came.
+Both OpenAI-style adapters read the same JSON here (decoded by
+`polygate_celery.sources.decode`), so a completion, an embedding list or an OCR
+answer is judged the same whichever way it came. Embeddings are the one answer
+whose reading costs in proportion to its size (base64 vectors become Python
+floats, six times their text), so they are read within the answer's decoding
+budget, a slice at a time.
 """
 
 from __future__ import annotations
 
 import array
+import asyncio
 import base64
 import binascii
-import json
 import math
 import sys
 from typing import Any
 
 from polygate_celery.core.outcome import Outcome
+from polygate_celery.sources.decode import STEP, Budget
 from polygate_celery.sources.payloads import ChatResult, EmbeddingResult, OcrResult
 from polygate_celery.sources.stream import count
 
 _UNREADABLE = (ValueError, KeyError, IndexError, TypeError, RecursionError)
+_FLOATS = frozenset({float})
+_FLOAT_COST = 33  # a float (24 bytes) and its place in a list, grown by an eighth
 
 
 class MalformedAnswer(Exception):
@@ -29,10 +36,9 @@ class MalformedAnswer(Exception):
         self.what = what
 
 
-def completion(text: str) -> Outcome:
+async def completion(data: Any, budget: Budget) -> Outcome:
     """A chat completion's body: the answer, a withheld answer (fatal), or malformed."""
     try:
-        data = json.loads(text)
         choice = data["choices"][0]
         message = choice["message"]
         finish = choice.get("finish_reason")
@@ -46,19 +52,17 @@ def completion(text: str) -> Outcome:
     return success(result, data)
 
 
-def embeddings(text: str, expected: int) -> Outcome:
+async def embeddings(data: Any, budget: Budget, expected: int) -> Outcome:
     try:
-        data = json.loads(text)
-        vectors = embedding_vectors(data["data"], expected)
+        vectors = await embedding_vectors(data["data"], expected, budget)
     except _UNREADABLE:
         raise MalformedAnswer("embeddings") from None
     return success(EmbeddingResult(vectors), data)
 
 
-def ocr(text: str) -> Outcome:
+async def ocr(data: Any, budget: Budget) -> Outcome:
     """A JSON OCR endpoint's body: ``{"text": ...}``."""
     try:
-        data = json.loads(text)
         answer = data["text"]
         if not isinstance(answer, str):
             raise TypeError("no text")
@@ -87,11 +91,13 @@ def chat_result(message: Any, finish: Any) -> ChatResult | None:
     )
 
 
-def embedding_vectors(items: Any, expected: int) -> list[list[float]]:
+async def embedding_vectors(items: Any, expected: int, budget: Budget) -> list[list[float]]:
     """One finite, same-length vector per input, in input order; ValueError otherwise.
 
     A vector is a list of numbers or, as the openai SDK asks for by default,
-    base64 of little-endian float32s.
+    base64 of little-endian float32s. A list of floats is kept as it was
+    decoded; a vector that has to be made (from base64, or from other numbers)
+    is charged to `budget`, and a base64 text it replaces is given back.
     """
     if not isinstance(items, list) or len(items) != expected:
         raise ValueError("one vector per input")
@@ -102,29 +108,65 @@ def embedding_vectors(items: Any, expected: int) -> list[list[float]]:
             raise ValueError("a vector with a bad index")
         if index in by_index:
             raise ValueError("two vectors for one input")
-        vector = _vector(item["embedding"])
-        if not vector or not all(math.isfinite(x) for x in vector):
-            raise ValueError("an empty or non-finite vector")
+        value = item["embedding"]
+        vector = await _vector(value, budget)
+        if vector is not value and isinstance(value, str):
+            item["embedding"] = vector
+            budget.refund(sys.getsizeof(value))
+        del value
+        if not vector:
+            raise ValueError("an empty vector")
         by_index[index] = vector
+        await asyncio.sleep(0)
     vectors = [by_index[i] for i in range(expected)]
     if len({len(v) for v in vectors}) > 1:
         raise ValueError("vectors of different lengths")
     return vectors
 
 
-def _vector(value: Any) -> list[float]:
-    if not isinstance(value, str):
-        return [float(x) for x in value]
+async def _vector(value: Any, budget: Budget) -> list[float]:
+    if isinstance(value, str):
+        return await _unpacked(value, budget)
+    if not isinstance(value, list):
+        raise TypeError("a vector that is not a list")
+    starts = range(0, len(value), STEP)
+    for start in starts:
+        if not set(map(type, value[start : start + STEP])) <= _FLOATS:
+            break
+        await asyncio.sleep(0)
+    else:
+        return value  # floats as decoded: finite, as the decoder refuses an overflow
+    budget.charge(_FLOAT_COST * len(value))
+    vector: list[float] = []
+    for start in starts:
+        floats = list(map(float, value[start : start + STEP]))
+        if not all(map(math.isfinite, floats)):
+            raise ValueError("a non-finite vector")
+        vector += floats
+        await asyncio.sleep(0)
+    return vector
+
+
+async def _unpacked(value: str, budget: Budget) -> list[float]:
     try:
         packed = base64.b64decode(value, validate=True)
     except binascii.Error:
         raise ValueError("a vector that is not base64") from None
     if len(packed) % 4:
         raise ValueError("a base64 vector that is not float32s")
+    budget.charge(_FLOAT_COST * (len(packed) // 4))
     floats = array.array("f", packed)
+    del packed
     if sys.byteorder == "big":
         floats.byteswap()
-    return floats.tolist()
+    vector: list[float] = []
+    for start in range(0, len(floats), STEP):
+        piece = floats[start : start + STEP].tolist()
+        if not all(map(math.isfinite, piece)):
+            raise ValueError("a non-finite vector")
+        vector += piece
+        await asyncio.sleep(0)
+    return vector
 
 
 def success(value: Any, data: Any) -> Outcome:

@@ -3,7 +3,8 @@
 An adapter says how a request reaches the provider (`_open`: an OpenAI-style
 body in, an answer out whose body is not read yet) and how its HTTP library
 reports a broken connection (`_failure`). Everything else is here, once:
-deadlines, reading within `max_body_bytes`, assembling a stream, classifying
+deadlines, reading within `max_body_bytes` and decoding within a budget
+(`polygate_celery.sources.decode`), assembling a stream, classifying
 the answer, naming what went wrong, and the provider's rate-limit headers on
 every outcome built from an answer.
 
@@ -26,7 +27,7 @@ import base64
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict, Unpack
@@ -34,9 +35,19 @@ from typing import Any, Literal, TypedDict, Unpack
 from polygate_celery.core.outcome import Outcome, RateLimits
 from polygate_celery.sources import answers
 from polygate_celery.sources.answers import MalformedAnswer
-from polygate_celery.sources.body import Answer, BodyTooLarge, read_text, sse_lines
+from polygate_celery.sources.body import Answer, BodyTooLarge, LineTooLong, read_text, sse_lines
 from polygate_celery.sources.classify import STATUS_ONLY, classify_error, rate_limits, short
 from polygate_celery.sources.connection import Failure
+from polygate_celery.sources.decode import (
+    STEP,
+    Budget,
+    Undecodable,
+    budget_for,
+    check_charset,
+    discard,
+    loads,
+    read_json,
+)
 from polygate_celery.sources.payloads import (
     ChatRequest,
     ChatResult,
@@ -44,7 +55,7 @@ from polygate_celery.sources.payloads import (
     OcrRequest,
     OcrResult,
 )
-from polygate_celery.sources.stream import MalformedChunk, StreamAssembly
+from polygate_celery.sources.stream import DONE, MalformedChunk, StreamAssembly, data_of
 
 DEFAULT_OCR_PROMPT = "Transcribe all the text in this image, exactly as written."
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -52,6 +63,7 @@ TIE_GRACE_S = 0.25
 USAGE_GRACE_S = 2.0
 
 Route = Literal["chat", "embeddings", "ocr"]
+Reader = Callable[[Any, Budget], Awaitable[Outcome]]
 
 
 class Unsendable(Exception):
@@ -85,7 +97,8 @@ class Settings(TypedDict, total=False):
     stream_idle_timeout_s (30): limit between a stream's data chunks.
     ocr_prompt: what a vision chat is asked for an `OcrRequest` without a prompt.
     include_bodies (False): add an excerpt of the provider's body to a failure's reason.
-    max_body_bytes (64 MiB): the most of one answer read, after content decoding.
+    max_body_bytes (64 MiB): the most of one answer read, after content decoding;
+        its decoded JSON may take 3.5 times as much (`polygate_celery.sources.decode`).
     """
 
     stream: bool
@@ -180,7 +193,11 @@ class OpenAIStyleSource(ABC):
             body = {"model": self.model, "input": list(payload.inputs)}
             expected = len(payload.inputs)
             return await self._call(
-                "embeddings", body, timeout_s, attempt, lambda t: answers.embeddings(t, expected)
+                "embeddings",
+                body,
+                timeout_s,
+                attempt,
+                lambda data, budget: answers.embeddings(data, budget, expected),
             )
         if isinstance(payload, OcrRequest):
             return await self._ocr(payload, timeout_s, attempt)
@@ -212,27 +229,41 @@ class OpenAIStyleSource(ABC):
         body: dict[str, Any],
         timeout_s: float,
         attempt: _Attempt,
-        read: Callable[[str], Outcome],
+        read: Reader,
     ) -> Outcome:
         async with self._open(route, body, timeout_s) as answer:
             return await self._whole(answer, attempt, read)
 
-    async def _whole(
-        self, answer: Answer, attempt: _Attempt, read: Callable[[str], Outcome]
-    ) -> Outcome:
-        """Classify an answer read whole: an error, or a 2xx body `read` understands."""
+    async def _whole(self, answer: Answer, attempt: _Attempt, read: Reader) -> Outcome:
+        """Classify an answer read whole: an error, or a 2xx body `read` understands.
+
+        A 2xx body is decoded as it arrives, within its budget
+        (`polygate_celery.sources.decode`); what the result does not keep of it
+        is let go of a slice at a time.
+        """
         attempt.answer(answer)
         status = answer.status_code
         if status in STATUS_ONLY:
             return classify_error(status, answer.headers, "")
-        text = await read_text(answer, self.max_body_bytes)
         if not 200 <= status < 300:
+            text = await read_text(answer, self.max_body_bytes)
             outcome = classify_error(status, answer.headers, text, secrets=self._secrets)
             return self._with_body(outcome, text)
+        budget = budget_for(self.max_body_bytes)
         try:
-            return read(text)
+            data, excerpt = await read_json(answer, self.max_body_bytes, budget)
+        except Undecodable as exc:
+            return self._with_body(_malformed(exc), exc.excerpt)
+        try:
+            return await read(data, budget)
         except MalformedAnswer as exc:
-            return self._with_body(Outcome.transient(f"malformed {exc.what}", status=200), text)
+            return self._with_body(Outcome.transient(f"malformed {exc.what}", status=200), excerpt)
+        except Undecodable as exc:
+            return self._with_body(_malformed(exc), excerpt)
+        finally:
+            box = [data]
+            del data
+            await discard(box, keep_shared=True)
 
     def _with_body(self, outcome: Outcome, body: str) -> Outcome:
         """With `include_bodies`, add a marked, truncated excerpt of the provider's body."""
@@ -270,11 +301,14 @@ class OpenAIStyleSource(ABC):
                     attempt.streamed = False
                     return await self._whole(answer, attempt, answers.completion)
                 attempt.answer(answer)
+                check_charset(answer.headers)
                 lines = sse_lines(answer, self.max_body_bytes)
                 async with contextlib.aclosing(lines):
                     async for line in lines:
-                        if not assembly.feed(line):
+                        data = data_of(line)
+                        if data is None:
                             continue  # a keep-alive comment is not progress
+                        await self._take(assembly, data)
                         attempt.chunks += 1
                         if assembly.error is not None or assembly.done:
                             break
@@ -294,10 +328,10 @@ class OpenAIStyleSource(ABC):
             if phase == "idle" and loop.time() < deadline:
                 return Outcome.timeout("stream went idle")
             return Outcome.timeout("no complete answer within the attempt's deadline")
-        except MalformedChunk as exc:
+        except (MalformedChunk, LineTooLong, Undecodable, UnicodeDecodeError) as exc:
             if assembly.whole:
                 return assembly.outcome()
-            return Outcome.transient(f"malformed stream: {exc}")
+            return Outcome.transient(f"malformed stream: {_why(exc)}")
         except Exception:
             if assembly.whole:
                 return assembly.outcome()
@@ -309,6 +343,37 @@ class OpenAIStyleSource(ABC):
             said = short(str(message), self._secrets) if message else "error in stream"
             return Outcome.transient(said)
         return Outcome.transient(_cut(attempt))
+
+    async def _take(self, assembly: StreamAssembly, data: str) -> None:
+        """Give a `data:` line to the assembly, its JSON decoded within the answer's budget."""
+        if data == DONE:
+            assembly.sentinel()
+            return
+        try:
+            chunk = await loads(data, budget_for(self.max_body_bytes))
+        except Undecodable as exc:
+            if exc.why == "not JSON":
+                raise MalformedChunk("a chunk that is not JSON") from None
+            raise
+        try:
+            assembly.take_data(chunk)
+        finally:
+            if len(data) > STEP:  # a chunk this large may hold millions of objects
+                box = [chunk]
+                del chunk
+                await discard(box, keep_shared=True)
+
+
+def _malformed(exc: Undecodable) -> Outcome:
+    return Outcome.transient(f"malformed answer: {exc.why}", status=200)
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, Undecodable):
+        return exc.why
+    if isinstance(exc, UnicodeDecodeError):
+        return "not valid UTF-8"
+    return str(exc)
 
 
 def _cut(attempt: _Attempt) -> str:

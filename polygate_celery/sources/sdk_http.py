@@ -3,7 +3,8 @@
 The SDK adapter reads 2xx answers itself, within its `max_body_bytes`. An
 error answer (any other status) is read by the SDK before it raises, whole and
 into memory; the response hook here reads it first, within the limit (counted
-after content decoding), and hands the SDK those bytes instead. A 401, 403 or
+after content decoding), and hands the SDK only its first 64 KiB, as UTF-8
+(the SDK decodes it in the answer's charset and as JSON, whole). A 401, 403 or
 429 answer's body is not read at all: its status says all the adapter needs.
 
 The SDK runs on httpx (openai 1.x, 2.x) or on httpx2 (later releases); the hook
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from polygate_celery.sources.body import BodyTooLarge, read_bytes
+from polygate_celery.sources.body import BodyTooLarge, read_text
 from polygate_celery.sources.classify import STATUS_ONLY
 
 ResponseHook = Callable[[Any], Awaitable[None]]
@@ -45,11 +46,14 @@ def body_limit(max_body_bytes: int) -> ResponseHook:
             view = library.Response(
                 response.status_code, headers=response.headers, stream=response.stream
             )
-            content = await read_bytes(view, max_body_bytes)
+            # Only its start feeds a reason: the SDK gets that, as UTF-8, which it
+            # json-decodes whole and would read in the answer's own charset.
+            content = (await read_text(view, max_body_bytes)).encode()
         for name in ("content-encoding", "transfer-encoding"):
             response.headers.pop(name, None)
         response.headers["content-length"] = str(len(content))
         response.stream = library.ByteStream(content)
+        response.encoding = "utf-8"
 
     return hook
 

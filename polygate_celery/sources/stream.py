@@ -16,9 +16,19 @@ from typing import Any
 from polygate_celery.core.outcome import Outcome
 from polygate_celery.sources.payloads import ChatResult
 
+DONE = "[DONE]"
+
 
 class MalformedChunk(ValueError):
     """A `data:` line that is not a chat completion chunk."""
+
+
+def data_of(line: str) -> str | None:
+    """What a `data:` line of an event stream carries; None for any other line
+    (blank separators, comments, event names)."""
+    if not line.startswith("data:"):
+        return None
+    return line[5:].strip()
 
 
 @dataclass
@@ -54,25 +64,33 @@ class StreamAssembly:
 
         Raises `MalformedChunk` on a bad one.
         """
-        if not line.startswith("data:"):
-            return False  # blank separators, comments (":"), event names
-        data = line[5:].strip()
-        if data == "[DONE]":
-            if self.finish_reason is None:
-                raise MalformedChunk("[DONE] before the final chunk")
-            self.done = True
+        data = data_of(line)
+        if data is None:
+            return False
+        if data == DONE:
+            self.sentinel()
             return True
         try:
             chunk = json.loads(data)
         except (ValueError, RecursionError):
             raise MalformedChunk("a chunk that is not JSON") from None
+        self.take_data(chunk)
+        return True
+
+    def sentinel(self) -> None:
+        """Take the ``[DONE]`` sentinel."""
+        if self.finish_reason is None:
+            raise MalformedChunk("[DONE] before the final chunk")
+        self.done = True
+
+    def take_data(self, chunk: Any) -> None:
+        """Take one `data:` line's decoded JSON: a chunk, or an error in the stream."""
         if not isinstance(chunk, dict):
             raise MalformedChunk("a chunk that is not an object")
         if "error" in chunk:
             self.error = chunk["error"] if isinstance(chunk["error"], dict) else {}
-            return True
+            return
         self.take(chunk)
-        return True
 
     def take(self, chunk: dict[str, Any]) -> None:
         """Take one parsed chunk (as an SDK yields it)."""

@@ -58,7 +58,7 @@ HOSTILE = {
     "huge-completion-to-a-stream-request": (JSON_HEAD, b" " * PIECE, STREAM),
     "huge-embeddings": (
         JSON_HEAD + b'{"data": [',
-        b"1.0, " * (PIECE // 5),
+        b"-0.0123456789012345, " * (PIECE // 21),  # floats as providers print them
         EmbeddingRequest(["a"]),
     ),
     "huge-error": (ERROR_HEAD + b'{"error": "', b"x" * PIECE, CHAT),
