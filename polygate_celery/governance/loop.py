@@ -567,7 +567,7 @@ class GovernedCall:
 
     async def _close_gate(self, seconds: float, reset: bool) -> None:
         try:
-            await self.rt.store.close_gate(self.plan.name, seconds, reset)
+            await self.rt.store.close_gate(self.plan.name, seconds, reset, self.call_id)
         except Exception:
             logger.warning("scope %r: closing its gate failed", self.plan.name, exc_info=True)
 

@@ -216,11 +216,16 @@ class Store(Protocol):
         """Record a success in `scope` now (a success settled elsewhere, e.g. a reused result)."""
         ...
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
+    async def close_gate(
+        self, scope: str, seconds: float, reset: bool = False, call_id: str = ""
+    ) -> None:
         """Close the scope's gate for `seconds` (a later close is kept); a success opens it.
 
         `reset` says the gate opens when rate limits reset (the closing verdict's
-        `rate_limited`); refused calls learn it from their `Denial`.
+        `rate_limited`); refused calls learn it from their `Denial`. `call_id` is the
+        closing call's: if it holds the gate's probe, its probe is over and the slot is
+        free. Another call's probe stays until its lease ends (`probe_lease_s`), so
+        however many stalled verdicts race, one call at a time probes fleet-wide.
         """
         ...
 

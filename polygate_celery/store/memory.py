@@ -492,13 +492,18 @@ class MemoryStore:
         """Record a success in `scope` now, as another worker's call would."""
         self._progress[scope] = self._clock.now()
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
+    async def close_gate(
+        self, scope: str, seconds: float, reset: bool = False, call_id: str = ""
+    ) -> None:
         now = self._clock.now()
         gate = self._gates.get(scope)
-        if gate is not None and gate.until > now + seconds:
-            self._gates[scope] = _Gate(gate.until, gate.reset)  # the later close is kept
-        else:
+        if gate is None or gate.until <= now:  # it was open: no probe yet
             self._gates[scope] = _Gate(now + seconds, reset)
+            return
+        if call_id and gate.probe == call_id:  # the probe's own verdict: its slot is free
+            gate.probe, gate.probe_until = None, -math.inf
+        if gate.until <= now + seconds:  # the later close is kept
+            gate.until, gate.reset = now + seconds, reset
 
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())

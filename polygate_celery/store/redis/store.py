@@ -338,8 +338,10 @@ class RedisStore:
             "progress", [self.keys.progress(scope)], [self._now(), "mark", _fmt(PROGRESS_TTL_S)]
         )
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
-        args = [self._now(), "close", _fmt(seconds), "1" if reset else "0"]
+    async def close_gate(
+        self, scope: str, seconds: float, reset: bool = False, call_id: str = ""
+    ) -> None:
+        args = [self._now(), "close", _fmt(seconds), "1" if reset else "0", call_id]
         await self._run("gate", [self.keys.gate(scope)], args)
 
     async def gate_closed_for_s(self, scope: str) -> float:

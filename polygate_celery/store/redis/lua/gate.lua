@@ -1,11 +1,14 @@
 -- gate.lua: close a scope's gate after a stalled verdict (a later close is kept), or
--- read how long it stays closed.
+-- read how long it stays closed. A close never frees another call's live probe.
 --
 -- KEYS[1]  {p}:v1:scope:<scope>:gate   HASH  until reset probe probe_until
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "close" or "read"
 -- ARGV[3]  close: seconds to keep it closed
 -- ARGV[4]  close: "1" when it opens as rate limits reset, else "0" (kept with the later close)
+-- ARGV[5]  close: the closing call's id, or "": if that call holds the probe, its probe
+--          ended (the slot is free); another call's probe stays until its probe_until,
+--          so one call at a time probes however many verdicts race
 -- Returns  close: "0". The key expires on its own once the gate has opened.
 --          read: seconds it stays closed, "0" when open (read-only)
 -- Time: Redis TIME unless ARGV[1] is given.
@@ -22,10 +25,18 @@ if ARGV[2] == 'read' then
   return string.format('%.17g', math.max(0, closed_until - now))
 end
 local asked = now + tonumber(ARGV[3])
+if closed_until <= now then
+  -- the gate was open: a probe of an earlier closing is no probe of this one
+  redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
+else
+  local closer = ARGV[5] or ''
+  if closer ~= '' and redis.call('HGET', KEYS[1], 'probe') == closer then
+    redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
+  end
+end
 if asked >= closed_until then
   closed_until = asked
   redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until), 'reset', ARGV[4] or '0')
 end
-redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
 redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + 60)
 return '0'
