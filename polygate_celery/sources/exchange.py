@@ -289,6 +289,7 @@ class OpenAIStyleSource(ABC):
         first_by = loop.time() + self.ttft_timeout_s if self.ttft_timeout_s else math.inf
         assembly = StreamAssembly(want_usage=self.stream_usage)
         phase = "first token"
+        status: int | None = None  # the stream's own (2xx): a malformed one is no 5xx
         try:
             async with (
                 asyncio.timeout_at(min(deadline, first_by)) as limit,
@@ -301,6 +302,7 @@ class OpenAIStyleSource(ABC):
                     attempt.streamed = False
                     return await self._whole(answer, attempt, answers.completion)
                 attempt.answer(answer)
+                status = answer.status_code
                 check_charset(answer.headers)
                 lines = sse_lines(answer, self.max_body_bytes)
                 async with contextlib.aclosing(lines):
@@ -331,7 +333,7 @@ class OpenAIStyleSource(ABC):
         except (MalformedChunk, LineTooLong, Undecodable, UnicodeDecodeError) as exc:
             if assembly.whole:
                 return assembly.outcome()
-            return Outcome.transient(f"malformed stream: {_why(exc)}")
+            return Outcome.transient(f"malformed stream: {_why(exc)}", status=status)
         except Exception:
             if assembly.whole:
                 return assembly.outcome()

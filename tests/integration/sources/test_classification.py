@@ -173,6 +173,17 @@ async def test_a_broken_stream_is_transient_never_a_success(
     assert not outcome.timed_out
 
 
+async def test_a_malformed_stream_carries_its_2xx_status_never_passing_for_a_5xx(
+    make_source: SourceFactory,
+) -> None:
+    """The loop retries a 5xx or a lost connection (no status) on the same source once; a
+    malformed stream was answered, and moves to another source at once."""
+    outcome = await ask(make_source, "malformed-chunk", stream=True)
+    assert outcome.kind is OutcomeKind.TRANSIENT
+    assert (outcome.reason or "").startswith("malformed stream")
+    assert outcome.status == 200
+
+
 async def test_a_stalled_stream_times_out_on_its_idle_limit(make_source: SourceFactory) -> None:
     started = time.monotonic()
     outcome = await ask(make_source, "stall", stream=True, stream_idle_timeout_s=0.5)

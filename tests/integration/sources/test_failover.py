@@ -68,6 +68,7 @@ async def test_retry_after_is_honoured_fleet_wide(
         ("e500", {}, 2),  # a 5xx is retried once on the preferred source
         ("outage", {}, 2),
         ("malformed-body", {}, 1),
+        ("malformed-chunk", {"stream": True}, 1),  # moves at once, as a malformed body does
     ],
 )
 async def test_a_failing_primary_is_not_retried_while_the_fallback_is_open(

@@ -21,6 +21,7 @@ from tests.conftest import GatewayFactory, make_config
 from tests.unit.governance.outage_sources import DownBetween
 
 SOURCES = {"primary": {"timeout_s": 30}, "fallback": {"timeout_s": 30}}
+MALFORMED_STREAM = "malformed stream: a chunk that is not JSON"
 
 
 def pair(clock: VirtualClock, primary: list[Step]) -> dict[str, ScriptedSource]:
@@ -70,6 +71,8 @@ async def test_a_second_failure_in_a_row_moves_to_the_fallback(
     [
         ("a timeout (a silent route)", steps.timeout(), 30.0),
         ("a malformed answer", Step("server_error", status=200, reason="malformed body"), 0.0),
+        # what the adapters report for a stream they could not read: its own 2xx status
+        ("a malformed stream", Step("server_error", status=200, reason=MALFORMED_STREAM), 0.0),
         ("a context length rejection", steps.source_rejected(), 0.0),
         ("rejected credentials", steps.auth_rejected(), 0.0),
     ],
