@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from polygate_celery import AllSourcesExhausted, Store
+from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
+from polygate_celery.testing.scripted import Step
 from tests.conftest import GatewayFactory, make_config
 
 
@@ -106,3 +109,63 @@ async def test_without_the_gate_calls_wait_their_own_window(
     reason, took = await verdict_and_time(gw.call("s", "x"), clock)
     assert reason == "stalled"
     assert took > 10
+
+
+class ProbeCount:
+    """A store that counts the probes in flight: permits granted to a gated call while the
+    scope's gate was closed, until they settle."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.probing: set[str] = set()
+        self.most = 0
+        self.probes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        # A closed gate cannot open meanwhile (no success, no time passes): a grant after
+        # it was seen closed went through it.
+        closed = request.gate and await self.store.gate_closed_for_s(request.scope) > 0
+        result = await self.store.admit(request)
+        if closed and isinstance(result, Grant):
+            self.probing.add(result.permit_id)
+            self.probes += 1
+            self.most = max(self.most, len(self.probing))
+        return result
+
+    async def settle(self, settlement: Settlement) -> bool:
+        self.probing.discard(settlement.permit_id)
+        return await self.store.settle(settlement)
+
+
+async def test_verdicts_of_calls_already_running_leave_one_probe_in_flight(
+    clock: VirtualClock, gateway: GatewayFactory, store: Store
+) -> None:
+    """Calls that were running when the scope stalled reach their own verdicts after
+    their backoffs, each closing the gate again: the probe in flight keeps its slot."""
+    counted = ProbeCount(store)
+    refusing = Step("server_error", 3.0, reason="connection refused")
+    config = make_config(
+        "chat",
+        {"a": {"breaker": {"failure_threshold": 1_000}}},
+        stall_window_s=10,
+        max_attempts=100,
+    )
+    gw = gateway(config, {"a": ScriptedSource.always(clock, refusing)}, store=counted,
+                 scope_gate=True)  # fmt: skip
+
+    async def call(n: int) -> str:
+        await clock.sleep(1.5 * n)  # arriving before and after the stall
+        try:
+            await gw.call("s", f"task {n}")
+        except AllSourcesExhausted as exc:
+            return exc.reason
+        return "success"
+
+    verdicts = await asyncio.gather(*(call(n) for n in range(20)))
+    assert set(verdicts) == {"stalled"}
+    assert counted.probes >= 1
+    assert counted.most == 1
+    await gw.aclose()
