@@ -43,6 +43,8 @@ class Outcome:
     Adapters never raise for a provider's answer: a 429, a timeout or a malformed
     body is an `Outcome`, so the loop is the only place that decides what to do.
     `reason` is a short, secret-free description (never a key, never a prompt).
+    `first_token_cut` marks a timeout of the first-token limit (`ttft_timeout_s`):
+    a failover trigger the loop acts on at once, without a backoff (SPEC §3 rule 17).
     """
 
     kind: OutcomeKind
@@ -56,6 +58,7 @@ class Outcome:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     limits: RateLimits | None = None  # the provider's rate-limit headers, if it sent any
+    first_token_cut: bool = False
 
     @property
     def used_tokens(self) -> int | None:
@@ -78,8 +81,8 @@ class Outcome:
         return cls(OutcomeKind.TRANSIENT, reason=reason, **fields)
 
     @classmethod
-    def timeout(cls, reason: str = "timeout") -> Outcome:
-        return cls(OutcomeKind.TRANSIENT, reason=reason, timed_out=True)
+    def timeout(cls, reason: str = "timeout", **fields: Any) -> Outcome:
+        return cls(OutcomeKind.TRANSIENT, reason=reason, timed_out=True, **fields)
 
     @classmethod
     def rejected(cls, reason: str, **fields: Any) -> Outcome:

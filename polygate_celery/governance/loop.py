@@ -71,10 +71,11 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     SourceFatalError,
 )
+from polygate_celery.governance.first_token import another_could_serve
 from polygate_celery.governance.lease import Lease, LeaseRenewer
 from polygate_celery.governance.places import Place, PlaceKeeper
 from polygate_celery.governance.plan import ScopePlan
-from polygate_celery.sources.base import Source
+from polygate_celery.sources.base import FirstTokenSource, Source
 from polygate_celery.store.base import (
     AdmitRequest,
     BlockReason,
@@ -248,7 +249,9 @@ class GovernedCall:
             self._plan_next(admission.source, outcome)
             if self.fails >= plan.max_attempts:
                 raise self._exhausted("retry_exhausted")
-            await self._wait("backoff", self._backoff(outcome, charged))
+            delay = self._backoff(outcome, charged)
+            # A cut first token is a failover trigger: the next source at once (rule 17).
+            await self._wait("backoff", 0.0 if outcome.first_token_cut else delay)
             if not charged and not plan.policy.rate_limit_exempt:
                 await self._raise_if_stalled()  # an outage is waiting (rule 15)
 
@@ -395,12 +398,14 @@ class GovernedCall:
             try:
                 lease = self._lease(grant, asked_at)  # raises if the grant came too late
                 with lease:
-                    outcome = await self.rt.sources[source].send(self.payload, timeout_s=timeout_s)
+                    outcome = await self._send(source, timeout_s)
             except BaseException:
                 await self._release(grant)
                 raise
             # An attempt the call's deadline cut short says nothing about its source.
-            cut_short = outcome.timed_out and timeout_s < full_timeout_s
+            cut_short = (
+                outcome.timed_out and not outcome.first_token_cut and timeout_s < full_timeout_s
+            )
             held = await self._settle(grant, outcome, cut_short)
             lapsed = lease.lapsed if isinstance(lease, Lease) else None
             if lapsed is None and not held and grant.lease_s is not None:
@@ -420,6 +425,15 @@ class GovernedCall:
                 self.failed_at = self.rt.clock.now()
             self._record(source, outcome, started, charged, productive=not attempt.refunded)
         return outcome, charged
+
+    async def _send(self, source: str, timeout_s: float) -> Outcome:
+        """Send the payload to `source`; a slow first token is cut only where another
+        source could serve the call (SPEC §3 rule 17, `governance.first_token`)."""
+        adapter = self.rt.sources[source]
+        if isinstance(adapter, FirstTokenSource) and adapter.limits_first_token(self.payload):
+            cut = await another_could_serve(self.rt.store, self.plan, source, self.excluded)
+            return await adapter.send(self.payload, timeout_s=timeout_s, first_token_limit=cut)
+        return await adapter.send(self.payload, timeout_s=timeout_s)
 
     async def _scope_is_down(self) -> bool:
         """Whether a transient failure shows the scope's sources down (SPEC §3 rule 15).

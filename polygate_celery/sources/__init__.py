@@ -1,6 +1,6 @@
 """Source layer: adapters that send one request to one model source and classify the outcome."""
 
-from polygate_celery.sources.base import Source
+from polygate_celery.sources.base import FirstTokenSource, Source
 from polygate_celery.sources.callable import CallableSource
 from polygate_celery.sources.classify import classify_error, rate_limits, retry_after_s
 from polygate_celery.sources.factory import source_from_config, sources_from_config
@@ -22,6 +22,7 @@ __all__ = [
     "ChatResult",
     "EmbeddingRequest",
     "EmbeddingResult",
+    "FirstTokenSource",
     "OcrRequest",
     "OcrResult",
     "OpenAIHttpSource",

@@ -25,3 +25,28 @@ class Source(Protocol):
         through.
         """
         ...
+
+
+@runtime_checkable
+class FirstTokenSource(Source, Protocol):
+    """A source that can limit a streamed answer's first token (`ttft_timeout_s`).
+
+    The limit is a failover trigger (SPEC §3 rule 17), so whether it applies is
+    the loop's to say, per attempt: it passes ``first_token_limit=False`` on the
+    last source left, where the attempt waits for its first token up to
+    `timeout_s`. Sources without the limit keep the plain `Source.send`: the
+    loop gives this keyword only to a source of this protocol.
+    """
+
+    def limits_first_token(self, payload: Any) -> bool:
+        """Whether sending `payload` would cut a slow first token (e.g. a streamed
+        chat request to a source with a first-token limit): only then does the loop
+        judge whether another source could serve the call."""
+        ...
+
+    async def send(
+        self, payload: Any, *, timeout_s: float, first_token_limit: bool = True
+    ) -> Outcome:
+        """As `Source.send`; with `first_token_limit` False, no separate limit on the
+        first token: `timeout_s` alone bounds the wait for it."""
+        ...

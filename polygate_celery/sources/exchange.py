@@ -14,6 +14,9 @@ a queueing gateway's 429, is read as what it is). A stream also has
 `ttft_timeout_s`, from sending the request to the first token of any kind
 (text, reasoning, refusal or tool call), and `stream_idle_timeout_s` between
 data chunks once tokens flow; keep-alive comments do not count as progress.
+The first-token limit is a failover trigger (SPEC §3 rule 17): the loop lifts
+it per attempt (`first_token_limit=False`) on the last source left, whose
+first token is then waited for up to `timeout_s`.
 
 Whatever the provider does comes back as an `Outcome`, never as an exception,
 and no exception message is ever quoted (one may hold a key): only
@@ -143,17 +146,28 @@ class OpenAIStyleSource(ABC):
 
     # -- one attempt ----------------------------------------------------------------
 
-    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+    def limits_first_token(self, payload: Any) -> bool:
+        """Whether `payload` is a chat request this source streams with a first-token
+        limit (`polygate_celery.sources.base.FirstTokenSource`)."""
+        return self.ttft_timeout_s is not None and self._streams(payload)
+
+    def _streams(self, payload: Any) -> bool:
+        return isinstance(payload, ChatRequest) and (
+            self.stream if payload.stream is None else payload.stream
+        )
+
+    async def send(
+        self, payload: Any, *, timeout_s: float, first_token_limit: bool = True
+    ) -> Outcome:
         loop = asyncio.get_running_loop()
         allowed = timeout_s + min(TIE_GRACE_S, 0.05 * timeout_s)  # an answer sent at the deadline
         deadline = loop.time() + allowed
-        streamed = isinstance(payload, ChatRequest) and (
-            self.stream if payload.stream is None else payload.stream
-        )
+        streamed = self._streams(payload)
         attempt = _Attempt(streamed)
         try:
             if streamed:
-                outcome = await self._stream_chat(payload, deadline, attempt)
+                ttft_s = self.ttft_timeout_s if first_token_limit else None
+                outcome = await self._stream_chat(payload, deadline, attempt, ttft_s)
             else:
                 async with asyncio.timeout_at(deadline):
                     outcome = await self._dispatch(payload, allowed, attempt)
@@ -275,7 +289,7 @@ class OpenAIStyleSource(ABC):
     # -- streams --------------------------------------------------------------------
 
     async def _stream_chat(
-        self, request: ChatRequest, deadline: float, attempt: _Attempt
+        self, request: ChatRequest, deadline: float, attempt: _Attempt, ttft_s: float | None
     ) -> Outcome:
         body: dict[str, Any] = {
             "model": self.model,
@@ -286,7 +300,7 @@ class OpenAIStyleSource(ABC):
         if self.stream_usage:
             body["stream_options"] = {"include_usage": True}
         loop = asyncio.get_running_loop()
-        first_by = loop.time() + self.ttft_timeout_s if self.ttft_timeout_s else math.inf
+        first_by = loop.time() + ttft_s if ttft_s else math.inf
         assembly = StreamAssembly(want_usage=self.stream_usage)
         phase = "first token"
         status: int | None = None  # the stream's own (2xx): a malformed one is no 5xx
@@ -326,7 +340,7 @@ class OpenAIStyleSource(ABC):
             if assembly.whole:
                 return assembly.outcome()
             if phase == "first token" and loop.time() < deadline:
-                return Outcome.timeout("no first token within ttft_timeout_s")
+                return Outcome.timeout("no first token within ttft_timeout_s", first_token_cut=True)
             if phase == "idle" and loop.time() < deadline:
                 return Outcome.timeout("stream went idle")
             return Outcome.timeout("no complete answer within the attempt's deadline")

@@ -4,6 +4,11 @@ Each attempt takes the next step: what the source does and for how long, on
 the gateway's clock. A step that would outlast the attempt's deadline ends at
 the deadline as a timeout; a step that ends exactly at the deadline is the
 step's own answer (a 429 at exactly `timeout_s` is a 429).
+
+A source given `ttft_timeout_s` plays a streaming source with a first-token
+limit: an attempt whose first token (`first_token_s`, else the step's whole
+answer) comes later than the limit ends at the limit, as the HTTP adapter's
+does, unless the loop lifts the limit for that attempt (SPEC §3 rule 17).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Step:
     status: int | None = None
     reason: str | None = None
     tokens: int | None = None
+    first_token_s: float | None = None  # a streamed answer's first token (None: the answer's)
 
 
 def ok(value: Any = "ok", *, duration_s: float = 0.0, tokens: int | None = None) -> Step:
@@ -56,6 +62,19 @@ def embedding(vectors: list[list[float]], *, duration_s: float = 0.0) -> Step:
 def ocr(text: str, *, duration_s: float = 0.0) -> Step:
     """A page's text, as ``calls.ocr(...).value`` reads it (`OcrResult`)."""
     return ok(OcrResult(text), duration_s=duration_s)
+
+
+def streamed(value: Any = "ok", *, first_token_s: float, duration_s: float | None = None) -> Step:
+    """A streamed answer whose first token comes `first_token_s` after sending, whole
+    `duration_s` after sending (default: with its first token)."""
+    whole_s = first_token_s if duration_s is None else max(duration_s, first_token_s)
+    return Step("ok", whole_s, value=value, first_token_s=first_token_s)
+
+
+def stuck_first_token() -> Step:
+    """A stream whose first token never comes: cut by a first-token limit, or held for
+    the attempt's whole deadline, then a timeout."""
+    return Step("timeout", float("inf"), first_token_s=float("inf"))
 
 
 def rate_limited(*, duration_s: float = 0.0, retry_after_s: float | None = None) -> Step:
@@ -114,6 +133,7 @@ class Sent:
     timeout_s: float
     step: Step
     outcome: Outcome | None = None
+    ttft_s: float | None = None  # the first-token limit this attempt had (None: none)
 
 
 @dataclass
@@ -123,31 +143,48 @@ class ScriptedSource:
     `steps` may be infinite (``itertools.repeat(rate_limited())``); use
     `ScriptedSource.always()` for a source that always does the same thing.
     `journal` records every request with the outcome it got (None if cancelled).
+    With `ttft_timeout_s`, every attempt is a stream with that first-token limit
+    (a `polygate_celery.sources.base.FirstTokenSource`).
     """
 
     clock: Clock
     steps: Iterable[Step]
     journal: list[Sent] = field(default_factory=list)
+    ttft_timeout_s: float | None = None
     _iter: Iterator[Step] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def always(cls, clock: Clock, step: Step) -> ScriptedSource:
-        return cls(clock, itertools.repeat(step))
+    def always(
+        cls, clock: Clock, step: Step, *, ttft_timeout_s: float | None = None
+    ) -> ScriptedSource:
+        return cls(clock, itertools.repeat(step), ttft_timeout_s=ttft_timeout_s)
 
     @property
     def attempts(self) -> int:
         return len(self.journal)
 
-    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+    def limits_first_token(self, payload: Any) -> bool:
+        return self.ttft_timeout_s is not None
+
+    async def send(
+        self, payload: Any, *, timeout_s: float, first_token_limit: bool = True
+    ) -> Outcome:
         if self._iter is None:
             self._iter = iter(self.steps)
         try:
             step = next(self._iter)
         except StopIteration:
             raise ScriptExhausted(f"script exhausted after {self.attempts} attempt(s)") from None
-        sent = Sent(self.clock.now(), payload, timeout_s, step)
+        ttft_s = self.ttft_timeout_s if first_token_limit else None
+        sent = Sent(self.clock.now(), payload, timeout_s, step, ttft_s=ttft_s)
         self.journal.append(sent)
-        if step.duration_s > timeout_s:
+        first_token_s = step.duration_s if step.first_token_s is None else step.first_token_s
+        if ttft_s is not None and first_token_s > ttft_s and ttft_s < timeout_s:
+            await self.clock.sleep(ttft_s)
+            sent.outcome = Outcome.timeout(
+                "no first token within ttft_timeout_s", first_token_cut=True
+            )
+        elif step.duration_s > timeout_s:
             await self.clock.sleep(timeout_s)
             sent.outcome = Outcome.timeout()
         else:

@@ -185,3 +185,37 @@ async def test_concurrent_requests_interleave_on_the_clock(clock: VirtualClock) 
 
     await asyncio.gather(call(slow), call(fast))
     assert done == [("fast", 3.0), ("slow", 10.0)]
+
+
+async def test_a_first_token_limit_cuts_a_later_first_token(clock: VirtualClock) -> None:
+    script = [steps.streamed("late", first_token_s=20, duration_s=25), steps.stuck_first_token()]
+    source = ScriptedSource(clock, script, ttft_timeout_s=15)
+    assert source.limits_first_token("payload")
+    cut = await source.send(None, timeout_s=60)
+    assert clock.now() == 15.0
+    assert (cut.kind, cut.timed_out, cut.first_token_cut) == (OutcomeKind.TRANSIENT, True, True)
+    await source.send(None, timeout_s=60)
+    assert clock.now() == 30.0
+    assert [s.ttft_s for s in source.journal] == [15, 15]
+
+
+async def test_a_lifted_first_token_limit_leaves_timeout_s_alone(clock: VirtualClock) -> None:
+    script = [steps.streamed("late", first_token_s=20, duration_s=25), steps.stuck_first_token()]
+    source = ScriptedSource(clock, script, ttft_timeout_s=15)
+    answer = await source.send(None, timeout_s=60, first_token_limit=False)
+    assert (answer.value, clock.now()) == ("late", 25.0)
+    stuck = await source.send(None, timeout_s=60, first_token_limit=False)
+    assert (stuck.timed_out, stuck.first_token_cut, clock.now()) == (True, False, 85.0)
+    assert [s.ttft_s for s in source.journal] == [None, None]
+
+
+async def test_a_first_token_in_time_or_a_limit_past_the_deadline_is_no_cut(
+    clock: VirtualClock,
+) -> None:
+    source = ScriptedSource(
+        clock, [steps.streamed("on time", first_token_s=15), steps.timeout()], ttft_timeout_s=15
+    )
+    assert (await source.send(None, timeout_s=60)).value == "on time"
+    outcome = await source.send(None, timeout_s=10)  # the deadline comes first
+    assert (outcome.first_token_cut, clock.now()) == (False, 25.0)
+    assert not ScriptedSource(clock, []).limits_first_token("payload")
