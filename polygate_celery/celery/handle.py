@@ -6,7 +6,9 @@ each successful call's result is kept in Redis under the task id and the call's
 position in the body, so a task that is deferred and runs again gets the answers
 it already paid for without asking the provider a second time. Kept results
 belong to the submission (task id and ``polygate_submission``): another
-submission with the same task id never gets them.
+submission with the same task id never gets them. A call's success also makes
+the tasks an outage of its scope parked due at once (`ParkingLot.wake`): the
+scope answers again.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ twice is dropped when it runs (`guard`). An entry that is not a message a
 Celery worker can take (`parked_message` checks it as the worker reads it), or
 whose publish fails for its own fault, goes whole to the lot's dead letters
 (``:dead``, shown by ``polygate-celery status``) once, and its round goes on.
+An outage's entries are also indexed by scope: a success of the scope makes them
+due at once, and while they are all parked the release loop makes the earliest
+due about once per probe interval, so the scope is probed (`ParkingLot.wake`).
 While Redis or the broker is unreachable the loop backs off (bounded, jittered)
 and logs once when it starts failing and once when it recovers.
 """
