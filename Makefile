@@ -23,7 +23,8 @@ bench: $(BIN)/.installed  ## goodput against autoretry_for, tenacity and the ope
 SOAK_TESTS = tests/integration/test_fleet_cap.py tests/integration/test_fleet_reclaim.py \
              tests/integration/test_fleet_wakeups.py \
              tests/celery/test_worker_processes.py tests/celery/test_outage_run.py \
-             tests/celery/test_redis_faults.py tests/celery/test_matrix.py
+             tests/celery/test_redis_faults.py tests/celery/test_matrix.py \
+             tests/celery/test_outage_recovery.py
 
 soak: $(BIN)/.installed  ## heavy fault trials at full size (~1 h); writes benchmarks/results/soak.md and fleet.md
 	POLYGATE_SOAK=1 $(BIN)/pytest -p no:cacheprovider -s --timeout 3600 $(SOAK_TESTS)

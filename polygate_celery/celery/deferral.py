@@ -149,7 +149,10 @@ def defer(
         delay = min(delay, countdown_cap_s(task))
     _record_deferred(task, reason, scope, estimate, count, now + delay, chosen)
     entry = guard.run.deferred().key
-    if chosen == "park" and _park(task, runtime, entry, delay, signature, guard):
+    # An outage's deferral (not a wait for rate limits to reset) is indexed by its scope:
+    # the scope's next success makes it due at once (`ParkingLot.wake`).
+    outage = scope if reason == "stalled" and not reset else None
+    if chosen == "park" and _park(task, runtime, entry, delay, signature, guard, outage):
         guard.forget()  # the lot marked this run finished as it took the message
     else:
         chosen = "countdown"  # the lot lives in the store's Redis; the broker may be up
@@ -204,9 +207,10 @@ def _park(
     delay: float,
     signature: Any,
     guard: ExecutionGuard | None,
+    outage: str | None = None,
 ) -> bool:
-    """Park the message under `entry` (ending `guard`'s run); False if the lot could not
-    take it."""
+    """Park the message under `entry` (ending `guard`'s run), indexed under the scope
+    whose `outage` parked it, if any; False if the lot could not take it."""
     if runtime.redis is None or runtime.keys is None:
         return False
     try:
@@ -214,7 +218,7 @@ def _park(
         message = capture_message(signature)
         done_ttl = runtime.config.deferral.max_defer_age_s
         ending = (guard.keys[1], guard.keys[0], guard.token) if guard and guard.active else None
-        runtime.run(lot.park(entry, delay, message, done_ttl, ending))
+        runtime.run(lot.park(entry, delay, message, done_ttl, ending, outage))
     except Exception:
         logger.warning("parking task %s failed; deferring by countdown", task.request.id)
         return False

@@ -6,7 +6,9 @@ each successful call's result is kept in Redis under the task id and the call's
 position in the body, so a task that is deferred and runs again gets the answers
 it already paid for without asking the provider a second time. Kept results
 belong to the submission (task id and ``polygate_submission``): another
-submission with the same task id never gets them.
+submission with the same task id never gets them. A call's success also makes
+the tasks an outage of its scope parked due at once (`ParkingLot.wake`): the
+scope answers again.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from polygate_celery.celery.parking import ParkingLot, lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.governance.loop import CallResult
 from polygate_celery.sources.payloads import ChatResult, EmbeddingResult, OcrResult
 
+logger = logging.getLogger("polygate_celery")
 _RESULT_TYPES: dict[str, type[Any]] = {
     "chat": ChatResult,
     "embedding": EmbeddingResult,
@@ -84,7 +89,7 @@ class _Calls:
             raise ValueError("no scope: give one to @governed(...) or to the call")
         return chosen
 
-    async def _governed(self, make: Callable[[], Awaitable[CallResult]]) -> CallResult:
+    async def _governed(self, make: Callable[[], Awaitable[CallResult]], scope: str) -> CallResult:
         position = next(self._positions)
         key = None
         if self._reuse:
@@ -96,6 +101,7 @@ class _Calls:
                     self.reused += 1
                     return _decode(kept)
         result = await make()
+        await self._wake_parked(scope, result)
         if key is not None:
             try:
                 ttl = int(self.runtime.config.deferral.reuse_ttl_s)
@@ -103,6 +109,26 @@ class _Calls:
             except (GovernanceBackendError, TypeError, ValueError):
                 pass  # keeping a paid result is a saving, never a reason to fail
         return result
+
+    async def _wake_parked(self, scope: str, result: CallResult) -> None:
+        """The scope answered: the tasks its outage parked become due now (SPEC §3 rule
+        16), instead of when their estimated delays end; the release loop publishes them
+        and the scope's permits and quotas pace their runs. Never fails the call."""
+        if self.runtime.redis is None or self.runtime.keys is None:
+            return
+        try:
+            lot = ParkingLot(self.runtime.redis, self.runtime.keys, lot_name(self.runtime.app))
+            woken = await lot.wake(scope)
+        except Exception:
+            logger.warning("scope %r: waking its parked tasks failed", scope, exc_info=True)
+            return
+        if woken:
+            logger.info(
+                "scope %r answers again (%s): %d parked task(s) due now",
+                scope,
+                result.source,
+                woken,
+            )
 
     async def _redis(self, command: str, *args: Any, **kwargs: Any) -> Any:
         assert self.runtime.redis is not None
@@ -126,14 +152,17 @@ class AsyncGovernedCalls(_Calls):
     ) -> CallResult:
         gateway, chosen = self.runtime.gateway, self._scope(scope)
         return await self._governed(
-            lambda: gateway.chat(chosen, messages, stream=stream, fail_fast=fail_fast, **params)
+            lambda: gateway.chat(chosen, messages, stream=stream, fail_fast=fail_fast, **params),
+            chosen,
         )
 
     async def embed(
         self, inputs: Sequence[str] | str, *, scope: str | None = None, fail_fast: bool = False
     ) -> CallResult:
         gateway, chosen = self.runtime.gateway, self._scope(scope)
-        return await self._governed(lambda: gateway.embed(chosen, inputs, fail_fast=fail_fast))
+        return await self._governed(
+            lambda: gateway.embed(chosen, inputs, fail_fast=fail_fast), chosen
+        )
 
     async def ocr(
         self,
@@ -146,14 +175,17 @@ class AsyncGovernedCalls(_Calls):
     ) -> CallResult:
         gateway, chosen = self.runtime.gateway, self._scope(scope)
         return await self._governed(
-            lambda: gateway.ocr(chosen, image, mime=mime, prompt=prompt, fail_fast=fail_fast)
+            lambda: gateway.ocr(chosen, image, mime=mime, prompt=prompt, fail_fast=fail_fast),
+            chosen,
         )
 
     async def call(
         self, payload: Any, *, scope: str | None = None, est_tokens: int = 0
     ) -> CallResult:
         gateway, chosen = self.runtime.gateway, self._scope(scope)
-        return await self._governed(lambda: gateway.call(chosen, payload, est_tokens=est_tokens))
+        return await self._governed(
+            lambda: gateway.call(chosen, payload, est_tokens=est_tokens), chosen
+        )
 
 
 class GovernedCalls:

@@ -20,6 +20,9 @@ twice is dropped when it runs (`guard`). An entry that is not a message a
 Celery worker can take (`parked_message` checks it as the worker reads it), or
 whose publish fails for its own fault, goes whole to the lot's dead letters
 (``:dead``, shown by ``polygate-celery status``) once, and its round goes on.
+An outage's entries are also indexed by scope: a success of the scope makes them
+due at once, and while they are all parked the release loop makes the earliest
+due about once per probe interval, so the scope is probed (`ParkingLot.wake`).
 While Redis or the broker is unreachable the loop backs off (bounded, jittered)
 and logs once when it starts failing and once when it recovers.
 """
@@ -31,9 +34,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from amqp.exceptions import ConnectionError as AMQPConnectionError
@@ -69,11 +73,12 @@ _PUBLISH_FIELDS = (
 )
 _PLUMBING = {"retry", "retry_policy", "declare", "timeout", "confirm_timeout"}
 RELEASE_BACKOFF_MAX_S = 30.0  # the longest pause of a release loop that keeps failing
+PROBE_LOOK_S = 1.0  # how often a release loop looks for a scope to probe
 
 
 def _scripts() -> dict[str, LuaScript]:
     package = "polygate_celery.celery"
-    names = ("park", "claim", "confirm", "bury", "unpublished")
+    names = ("park", "claim", "confirm", "bury", "unpublished", "wake")
     return {name: LuaScript(lua_text(package, name)) for name in names}
 
 
@@ -183,17 +188,47 @@ class ParkingLot:
         message: dict[str, Any],
         done_ttl_s: float,
         ending: tuple[str, str, str] | None = None,
+        scope: str | None = None,
     ) -> None:
         """Park `entry_id` (the run the message starts); `ending` = (done key, run key,
-        token) of a deferring run, marked finished in the same step."""
+        token) of a deferring run, marked finished in the same step. With `scope` (the
+        scope whose outage parked it), the entry is indexed under it: `wake` makes it
+        due at once when the scope answers again."""
         keys = self.keys + ([ending[0], ending[1]] if ending else [])
+        if scope is not None:
+            keys.append(self.scope_index(scope))
         token = ending[2] if ending else ""
         await run_script(
             self._scripts["park"],
             self.client,
             keys,
-            [entry_id, repr(max(0.0, due_in_s)), json.dumps(message), repr(done_ttl_s), token],
+            [
+                entry_id,
+                repr(max(0.0, due_in_s)),
+                json.dumps(message),
+                repr(done_ttl_s),
+                token,
+                "1" if scope is not None else "0",
+            ],
         )
+
+    def scope_index(self, scope: str) -> str:
+        """The index of the entries an outage of `scope` parked (entry id -> due time)."""
+        return f"{self.keys[0]}:scope:{scope}"
+
+    async def wake(self, scope: str, probe_interval_s: float | None = None) -> int:
+        """Make the entries an outage of `scope` parked due now (the scope answers again:
+        the release loop publishes them, and the scope's permits and quotas pace their
+        runs); with `probe_interval_s`, only the earliest, and only if it would come back
+        later than that and no probe was woken within that long (while every task of
+        the scope is parked, one comes back as its probe about once per interval).
+        Returns how many became due."""
+        index = self.scope_index(scope)
+        mode = ["all"] if probe_interval_s is None else ["probe", repr(probe_interval_s)]
+        woken = await run_script(
+            self._scripts["wake"], self.client, [*self.keys, index, f"{index}:probe"], mode
+        )
+        return int(woken)
 
     async def claim(
         self, limit: int, lease_s: float, token: str
@@ -275,11 +310,19 @@ class Releaser:
     """One worker process's release loop, running on the runtime's event loop."""
 
     def __init__(
-        self, app: Celery, lot: ParkingLot, config: DeferralConfig, *, keep: bool = True
+        self,
+        app: Celery,
+        lot: ParkingLot,
+        config: DeferralConfig,
+        *,
+        keep: bool = True,
+        probes: Mapping[str, float] | None = None,
     ) -> None:
         self.app = app
         self.lot = lot
         self.config = config
+        self.probes = dict(probes or {})  # scope -> probe interval (`ParkingLot.wake`)
+        self._probed_at = -math.inf
         self.keep_s = config.release_check_s if keep else 0.0
         self.token = uuid.uuid4().hex
         self._task: asyncio.Task[None] | None = None
@@ -303,6 +346,7 @@ class Releaser:
         while not self._stopped:
             released = 0
             try:
+                await self.wake_probes(loop)
                 released = await self.release_due(loop)
             except Exception as exc:  # the loop must outlive any one round's failure
                 if failed == 0:
@@ -319,6 +363,18 @@ class Releaser:
                 failed = 0
             if released < self.config.release_batch:
                 await asyncio.sleep(self.config.release_interval_s * random.uniform(0.5, 1.0))
+
+    async def wake_probes(self, loop: asyncio.AbstractEventLoop) -> None:
+        """At most once a second: for each scope whose outage parked tasks, make the
+        earliest due now if none would come back within the scope's probe interval, so
+        that someone probes the scope while all its tasks are parked."""
+        now = loop.time()
+        if now - self._probed_at < PROBE_LOOK_S:
+            return
+        self._probed_at = now
+        for scope, interval in self.probes.items():
+            if await self.lot.wake(scope, interval):
+                logger.info("scope %r: a parked task comes back to probe it", scope)
 
     def backoff_s(self, failed: int) -> float:
         """The pause after `failed` failed rounds in a row: doubling from the release

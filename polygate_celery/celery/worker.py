@@ -245,11 +245,30 @@ def start_release_loop(app: Celery) -> Releaser | None:
 _starting = threading.Lock()
 
 
+# A scope's parked tasks send it a probe at least this often (SPEC §5: a source that
+# recovers gets traffic back within about one probe interval, <= 15 s by default).
+PROBE_INTERVAL_MAX_S = 15.0
+
+
+def probe_intervals(config: GatewayConfig) -> dict[str, float]:
+    """Per scope, how often one of its parked tasks comes back to probe it while an outage
+    has parked them all: its sources' shortest breaker cooldown, at most 15 s."""
+    return {
+        name: min(
+            [PROBE_INTERVAL_MAX_S]
+            + [config.sources[s].breaker.cooldown_s for s in scope.sources if s in config.sources]
+        )
+        for name, scope in config.scopes.items()
+    }
+
+
 def _start_release_loop(app: Celery, runtime: Any) -> Releaser:
     releaser: Releaser | None = getattr(runtime, "releaser", None)
     if releaser is None:
         lot = ParkingLot(runtime.redis, runtime.keys, lot_name(app))
-        releaser = Releaser(app, lot, runtime.config.deferral)
+        releaser = Releaser(
+            app, lot, runtime.config.deferral, probes=probe_intervals(runtime.config)
+        )
         releaser.start(runtime.loop)
         runtime.releaser = releaser
         runtime.add_service(releaser)

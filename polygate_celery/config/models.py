@@ -246,7 +246,8 @@ class ScopeSettings(_Strict):
         300.0,
         ge=0.01,
         le=DAY,
-        description="non-productive waiting per call before a stalled verdict",
+        description="non-productive waiting per call before a stalled verdict "
+        "(a governed Celery task's scope: 60 unless set)",
     )
     max_call_s: Seconds | None = Field(
         None,

@@ -250,6 +250,8 @@ class GovernedCall:
             if self.fails >= plan.max_attempts:
                 raise self._exhausted("retry_exhausted")
             delay = self._backoff(outcome, charged)
+            if not charged and outcome.kind is OutcomeKind.TRANSIENT:
+                delay = self._outage_backoff(delay)
             # A cut first token is a failover trigger: the next source at once (rule 17).
             await self._wait("backoff", 0.0 if outcome.first_token_cut else delay)
             if not charged and not plan.policy.rate_limit_exempt:
@@ -464,6 +466,17 @@ class GovernedCall:
             self.rate_limited_streak = 0
             n = self.fails + self.outage_fails
         return backoff_delay(n, self.plan.backoff_base_s, self.plan.backoff_max_s, self.rt.random())
+
+    def _outage_backoff(self, delay: float) -> float:
+        """Under a scope gate (a governed task, which parks: SPEC §3 rule 16), a backoff
+        after a failure charged to waiting ends at most one poll past the end of the
+        call's stall budget, so the verdict is not put off by a long backoff: the task
+        holds its worker slot about one stall window in an outage, not a window plus a
+        backoff of up to `backoff_max_s`."""
+        if not self.rt.scope_gate:
+            return delay
+        remaining = max(0.0, self.plan.stall_window_s - self.clock.stalled_s())
+        return min(delay, remaining + self.plan.poll_interval_s)
 
     def _lease(self, grant: Grant, asked_at: float) -> AbstractContextManager[object]:
         if grant.lease_s is None:

@@ -403,3 +403,17 @@ def retry_never_published(self: Any, calls: GovernedCalls) -> str:
     """`self.retry()` whose message the broker never takes."""
     note_run(self.request.id)
     raise self.retry(exc=ConnectionError("the network blinked"))
+
+
+@app.task(bind=True)
+@governed("chat")
+def timed(self: Any, calls: GovernedCalls, text: str) -> str:
+    """Records each run as ``deferral number, began, ended`` (`time.monotonic()`, one clock
+    for every process of the machine): how long the run held its worker slot."""
+    deferral = (self.request.headers or {}).get("polygate_deferrals", 0)
+    began = time.monotonic()
+    try:
+        return calls.chat([{"role": "user", "content": text}]).value.text
+    finally:
+        with sync_redis.Redis.from_url(app.conf.broker_url) as client:
+            client.rpush(f"timed:{self.request.id}", f"{deferral} {began!r} {time.monotonic()!r}")

@@ -43,6 +43,9 @@ ones stop. Keys (``{t}``: the key's tag, ``{p}``: the fleet tag)::
                                             cluster broadcasts a PUBLISH to every node)
     {p}:v1:parked:<app>             ZSET    deferred task entry -> due time (the Celery
                                             parking lot, per app; with :msg and :claim)
+    {p}:v1:parked:<app>:scope:<scope>  ZSET  the entries an outage of the scope parked
+                                            (woken when it answers again; :probe marks
+                                            a probe woken lately)
 
 Permits, pauses, breaker and AIMD state belong to the source (shared by every
 scope that uses it); progress belongs to the scope. Memory per source is one
