@@ -27,6 +27,7 @@ from polygate_celery.governance.loop import CallResult
 from polygate_celery.sources.payloads import ChatResult, EmbeddingResult, OcrResult
 
 logger = logging.getLogger("polygate_celery")
+WAKE_INTERVAL_S = 1.0  # the most often one process wakes one scope's parked tasks
 _RESULT_TYPES: dict[str, type[Any]] = {
     "chat": ChatResult,
     "embedding": EmbeddingResult,
@@ -113,9 +114,16 @@ class _Calls:
     async def _wake_parked(self, scope: str, result: CallResult) -> None:
         """The scope answered: the tasks its outage parked become due now (SPEC §3 rule
         16), instead of when their estimated delays end; the release loop publishes them
-        and the scope's permits and quotas pace their runs. Never fails the call."""
+        and the scope's permits and quotas pace their runs. Never fails the call.
+
+        Once per `WAKE_INTERVAL_S` per scope and process at most: a success of a scope
+        that serves needs no script of its own, and a recovery is seen within it."""
         if self.runtime.redis is None or self.runtime.keys is None:
             return
+        now = self.runtime.gateway.clock.now()
+        if now - self.runtime.woken_at.get(scope, -WAKE_INTERVAL_S) < WAKE_INTERVAL_S:
+            return
+        self.runtime.woken_at[scope] = now
         try:
             lot = ParkingLot(self.runtime.redis, self.runtime.keys, lot_name(self.runtime.app))
             woken = await lot.wake(scope)

@@ -180,6 +180,8 @@ class WorkerRuntime:
             scope_gate=True,
         )
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
+        # scope -> when this process last woke its parked tasks (`handle._wake_parked`)
+        self.woken_at: dict[str, float] = {}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="polygate-loop", daemon=True
