@@ -104,7 +104,9 @@ class Settlement:
     progress. `pause_s` pauses the source fleet-wide (a later pause is kept).
     `used_tokens` is charged in place of the `est_tokens` reserved at admission
     (0 refunds the estimate). `limits`, the provider's own rate-limit headers,
-    teach the source's learned quota (`core.quota.learned_tat`).
+    teach the source's learned quota (`core.quota.learned_tat`). `error` says
+    what a failed attempt met (``"transient (HTTP 503): connection refused"``,
+    classified and redacted): the log line of a state change it causes names it.
     """
 
     scope: str
@@ -117,6 +119,7 @@ class Settlement:
     est_tokens: int = 0
     used_tokens: int = 0
     limits: RateLimits | None = None
+    error: str | None = None
 
 
 class ReleaseWatch(Protocol):
@@ -216,8 +219,11 @@ class Store(Protocol):
         """Record a success in `scope` now (a success settled elsewhere, e.g. a reused result)."""
         ...
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
+    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> bool:
         """Close the scope's gate for `seconds` (a later close is kept); a success opens it.
+
+        True when the gate was open: this call closed it, and its caller says so, once
+        across the fleet.
 
         `reset` says the gate opens when rate limits reset (the closing verdict's
         `rate_limited`); refused calls learn it from their `Denial`.

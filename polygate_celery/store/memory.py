@@ -52,6 +52,7 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
+from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
 from polygate_celery.store.releases import ReleaseHub, Watch
 
 PROGRESS_TTL_S = 3600.0
@@ -420,6 +421,29 @@ class MemoryStore:
                 quota_state.admitted.append(now)
 
     async def settle(self, settlement: Settlement) -> bool:
+        state = self._source(settlement.source)
+        before, paused_until = state.breaker, state.paused_until
+        had_gate = settlement.scope in self._gates
+        held = self._settle(settlement)
+        now = self._clock.now()
+        after = state.breaker
+        pause = settlement.pause_s
+        change: BreakerChange | None = None
+        if after.mode == "open" and before.mode != "open":
+            change = "opened" if before.mode == "closed" else "reopened"
+        elif after.mode == "closed" and before.mode != "closed":
+            change = "closed"
+        changes = SettleChanges(
+            breaker=change,
+            open_for_s=after.open_until - now if change in ("opened", "reopened") else 0.0,
+            paused_for_s=pause if pause is not None and pause > 0 and paused_until <= now else None,
+            gate_opened=had_gate and settlement.scope not in self._gates,
+        )
+        if changes != SettleChanges():
+            log_changes(settlement, changes)
+        return held
+
+    def _settle(self, settlement: Settlement) -> bool:
         now = self._clock.now()
         terms = settlement.source
         state = self._source(terms)
@@ -492,13 +516,14 @@ class MemoryStore:
         """Record a success in `scope` now, as another worker's call would."""
         self._progress[scope] = self._clock.now()
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> None:
+    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> bool:
         now = self._clock.now()
         gate = self._gates.get(scope)
         if gate is not None and gate.until > now + seconds:
             self._gates[scope] = _Gate(gate.until, gate.reset)  # the later close is kept
         else:
             self._gates[scope] = _Gate(now + seconds, reset)
+        return gate is None or gate.until <= now
 
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())

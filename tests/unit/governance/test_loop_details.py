@@ -98,9 +98,9 @@ class GateCountingStore(MemoryStore):
         super().__init__(clock)
         self.closings: list[float] = []
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool) -> None:
+    async def close_gate(self, scope: str, seconds: float, reset: bool) -> bool:
         self.closings.append(seconds)
-        await super().close_gate(scope, seconds, reset)
+        return await super().close_gate(scope, seconds, reset)
 
 
 async def test_a_call_the_gate_refuses_leaves_the_gate_as_it_is(
@@ -127,7 +127,7 @@ async def test_a_call_the_gate_refuses_leaves_the_gate_as_it_is(
 
 
 class GateFailingStore(MemoryStore):
-    async def close_gate(self, scope: str, seconds: float, reset: bool) -> None:
+    async def close_gate(self, scope: str, seconds: float, reset: bool) -> bool:
         raise ConnectionError("the store is gone")
 
 

@@ -6,7 +6,8 @@
 -- ARGV[2]  "close" or "read"
 -- ARGV[3]  close: seconds to keep it closed
 -- ARGV[4]  close: "1" when it opens as rate limits reset, else "0" (kept with the later close)
--- Returns  close: "0". The key expires on its own once the gate has opened.
+-- Returns  close: "1" if the gate was open (this call closed it), else "0". The key
+--          expires on its own once the gate has opened.
 --          read: seconds it stays closed, "0" when open (read-only)
 -- Time: Redis TIME unless ARGV[1] is given.
 
@@ -21,6 +22,7 @@ local closed_until = tonumber(redis.call('HGET', KEYS[1], 'until') or '-1e300')
 if ARGV[2] == 'read' then
   return string.format('%.17g', math.max(0, closed_until - now))
 end
+local was_open = closed_until <= now
 local asked = now + tonumber(ARGV[3])
 if asked >= closed_until then
   closed_until = asked
@@ -28,4 +30,4 @@ if asked >= closed_until then
 end
 redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
 redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + 60)
-return '0'
+return was_open and '1' or '0'
