@@ -27,7 +27,8 @@ BreakerChange = Literal["opened", "reopened", "closed"]
 @dataclass(frozen=True, slots=True)
 class SettleChanges:
     """What one settle changed: the breaker's mode, a fresh pause (the source was not
-    paused before it), and whether it opened the scope's closed gate."""
+    paused before it), and whether a success ended the scope's stall on record (its gate
+    closed, or opened by time less than a minute ago)."""
 
     breaker: BreakerChange | None = None
     open_for_s: float = 0.0  # how long an opened breaker stays open

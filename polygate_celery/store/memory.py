@@ -55,6 +55,10 @@ from polygate_celery.store.base import (
 from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
 from polygate_celery.store.releases import ReleaseHub, Watch
 
+# How long a gate that opened by time stays on record as its scope's stall (as gate.lua's
+# key expiry): a later close within it is the same outage, and a success ends it.
+GATE_KEPT_S = 60.0
+
 PROGRESS_TTL_S = 3600.0
 
 
@@ -235,8 +239,7 @@ class MemoryStore:
     def _gated(self, request: AdmitRequest, now: float) -> Denial | None:
         """The gate's refusal of this call, if the scope's gate is closed to it."""
         gate = self._gates.get(request.scope)
-        if gate is None or gate.until <= now:
-            self._gates.pop(request.scope, None)
+        if gate is None or gate.until <= now:  # open; kept a while as the stall's record
             return None
         if gate.probe in (None, request.call_id) or gate.probe_until <= now:
             gate.probe, gate.probe_until = request.call_id, now + request.probe_lease_s
@@ -423,7 +426,8 @@ class MemoryStore:
     async def settle(self, settlement: Settlement) -> bool:
         state = self._source(settlement.source)
         before, paused_until = state.breaker, state.paused_until
-        had_gate = settlement.scope in self._gates
+        gate = self._gates.get(settlement.scope)
+        had_gate = gate is not None and gate.until + GATE_KEPT_S > self._clock.now()
         held = self._settle(settlement)
         now = self._clock.now()
         after = state.breaker
@@ -519,11 +523,13 @@ class MemoryStore:
     async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> bool:
         now = self._clock.now()
         gate = self._gates.get(scope)
+        if gate is not None and gate.until + GATE_KEPT_S <= now:
+            gate = None  # as the gate's Redis key expires
         if gate is not None and gate.until > now + seconds:
             self._gates[scope] = _Gate(gate.until, gate.reset)  # the later close is kept
         else:
             self._gates[scope] = _Gate(now + seconds, reset)
-        return gate is None or gate.until <= now
+        return gate is None
 
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())

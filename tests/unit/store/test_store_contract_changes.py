@@ -112,7 +112,22 @@ async def test_the_gate_closes_once_and_a_success_opens_it_once(
     assert await h.store.close_gate("s", 30) is True
 
 
-async def test_a_gate_whose_time_passed_is_closed_anew(h: Harness) -> None:
+async def test_a_gate_closed_again_after_opening_by_time_is_the_same_outage(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="polygate_celery")
     assert await h.store.close_gate("s", 30) is True
+    h.clock.advance(31)  # open by time: a probe's verdict closes it again
+    assert await h.store.close_gate("s", 30) is False
     h.clock.advance(31)
+    await settle(h, await h.grant(SRC), Effect.SUCCESS)  # the gate opened by time
+    assert [text for _, text in lines(caplog)] == [
+        "scope 's' answers again (source 'vllm' succeeded): its gate is open"
+    ]
+    assert await h.store.close_gate("s", 30) is True  # a new outage
+
+
+async def test_a_stall_on_record_ends_a_minute_after_its_gate_opened(h: Harness) -> None:
+    assert await h.store.close_gate("s", 30) is True
+    h.clock.advance(30 + 61)
     assert await h.store.close_gate("s", 30) is True

@@ -141,9 +141,9 @@ if ARGV[6] ~= '' then
   local gkey = KEYS[6 * n + 1]
   local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset')
   local closed_until = tonumber(g[1])
-  if closed_until and closed_until <= now then
-    redis.call('DEL', gkey)
-  elseif closed_until then
+  -- a gate open by time stays on record (its key expires a minute on): a success ends
+  -- the stall it records, and says so (settle.lua); a later close is the same outage
+  if closed_until and closed_until > now then
     if held_already() then return {1, ARGV[T + 1], fmt(now)} end
     if not g[2] or g[2] == call or tonumber(g[3] or '-1e300') <= now then
       redis.call('HSET', gkey, 'probe', call, 'probe_until', now + tonumber(ARGV[6]))

@@ -6,8 +6,10 @@
 -- ARGV[2]  "close" or "read"
 -- ARGV[3]  close: seconds to keep it closed
 -- ARGV[4]  close: "1" when it opens as rate limits reset, else "0" (kept with the later close)
--- Returns  close: "1" if the gate was open (this call closed it), else "0". The key
---          expires on its own once the gate has opened.
+-- Returns  close: "1" if no stall was on record (this call closed an open gate: the
+--          outage begins), else "0" (closed already, or closed again after opening by
+--          time: the same outage). The key expires on its own a minute after the gate
+--          opened by time; a success deletes it (settle.lua).
 --          read: seconds it stays closed, "0" when open (read-only)
 -- Time: Redis TIME unless ARGV[1] is given.
 
@@ -22,12 +24,13 @@ local closed_until = tonumber(redis.call('HGET', KEYS[1], 'until') or '-1e300')
 if ARGV[2] == 'read' then
   return string.format('%.17g', math.max(0, closed_until - now))
 end
-local was_open = closed_until <= now
+local KEPT_S = 60  -- a gate open by time stays the outage's record this long (the key's TTL)
+local was_open = closed_until + KEPT_S <= now
 local asked = now + tonumber(ARGV[3])
 if asked >= closed_until then
   closed_until = asked
   redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until), 'reset', ARGV[4] or '0')
 end
 redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
-redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + 60)
+redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + KEPT_S)
 return was_open and '1' or '0'

@@ -39,8 +39,9 @@
 --          process (which wakes it without a message). When the settle changed a state
 --          an operator must hear of, the reply is {that result, breaker change ("opened",
 --          "reopened", "closed" or ""), seconds it stays open, a fresh pause's seconds
---          ("" if none: the source was paused already, or no pause), "1" if it opened
---          the scope's gate else "0"}: the settling process logs it, once fleet-wide.
+--          ("" if none: the source was paused already, or no pause), "1" if it ended
+--          the scope's stall on record (its gate closed, or open by time for less
+--          than gate.lua's KEPT_S) else "0"}: the settling process logs it, once fleet-wide.
 -- Time: Redis TIME unless ARGV[1] is given. Numbers handed to redis.call are written
 -- as %.17g.
 
@@ -109,7 +110,11 @@ if forget ~= nil then redis.call('HDEL', skey, unpack(forget)) end  -- before an
 local gate_opened = '0'
 if effect == 'success' then
   redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[24])))
-  if redis.call('DEL', KEYS[5]) == 1 then gate_opened = '1' end
+  local closed_until = redis.call('HGET', KEYS[5], 'until')
+  if closed_until then  -- a stall on record while within gate.lua's KEPT_S: it ends
+    if tonumber(closed_until) + 60 > now then gate_opened = '1' end
+    redis.call('DEL', KEYS[5])
+  end
 end
 local change, open_for = '', 0
 -- the reply: `result` alone, or with the changes an operator must hear of
