@@ -244,7 +244,9 @@ class GovernedCall:
                     self.refused = True
                     self.booked = self.booked or admission.booked_in_s is not None
                     if admission.gated_for_s is not None:
-                        self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
+                        self._refused_by_gate(
+                            admission.gated_for_s, admission.gated_reset, admission.gated_error
+                        )
                     await self._on_no_runnable(admission, released, candidates)
                     continue
             self.stay_on = self.hold_on = None  # one attempt each
@@ -567,9 +569,11 @@ class GovernedCall:
 
     # -- verdicts ----------------------------------------------------------------
 
-    def _refused_by_gate(self, gated_for_s: float, reset: bool) -> None:
-        """The scope was judged stalled and another call is probing it: defer at once."""
+    def _refused_by_gate(self, gated_for_s: float, reset: bool, error: str | None) -> None:
+        """The scope was judged stalled and another call is probing it: defer at once,
+        naming the closing verdict's last error unless this call met one of its own."""
         self.gated = True
+        self.last_error = self.last_error or error
         self.reopen_at = self.rt.clock.now() + gated_for_s
         self.reopen_is_reset = reset
         raise self._exhausted("stalled")
@@ -577,7 +581,9 @@ class GovernedCall:
     async def _close_gate(self, seconds: float, reset: bool) -> None:
         """Close the scope's gate; the call that closed an open one says so, once fleet-wide."""
         try:
-            closed = await self.rt.store.close_gate(self.plan.name, seconds, reset)
+            closed = await self.rt.store.close_gate(
+                self.plan.name, seconds, reset, error=self.last_error
+            )
         except Exception:
             logger.warning("scope %r: closing its gate failed", self.plan.name, exc_info=True)
             return

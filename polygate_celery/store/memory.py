@@ -159,6 +159,7 @@ class _Gate:
     reset: bool = False
     probe: str | None = None
     probe_until: float = -math.inf
+    error: str | None = None
 
 
 @dataclass
@@ -244,7 +245,13 @@ class MemoryStore:
         if gate.probe in (None, request.call_id) or gate.probe_until <= now:
             gate.probe, gate.probe_until = request.call_id, now + request.probe_lease_s
             return None
-        return Denial(gate.until - now, (), gated_for_s=gate.until - now, gated_reset=gate.reset)
+        return Denial(
+            gate.until - now,
+            (),
+            gated_for_s=gate.until - now,
+            gated_reset=gate.reset,
+            gated_error=gate.error,
+        )
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         now = self._clock.now()
@@ -520,15 +527,18 @@ class MemoryStore:
         """Record a success in `scope` now, as another worker's call would."""
         self._progress[scope] = self._clock.now()
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> bool:
+    async def close_gate(
+        self, scope: str, seconds: float, reset: bool = False, error: str | None = None
+    ) -> bool:
         now = self._clock.now()
         gate = self._gates.get(scope)
         if gate is not None and gate.until + GATE_KEPT_S <= now:
             gate = None  # as the gate's Redis key expires
+        said = error or (gate.error if gate is not None else None)
         if gate is not None and gate.until > now + seconds:
-            self._gates[scope] = _Gate(gate.until, gate.reset)  # the later close is kept
+            self._gates[scope] = _Gate(gate.until, gate.reset, error=said)  # the later close
         else:
-            self._gates[scope] = _Gate(now + seconds, reset)
+            self._gates[scope] = _Gate(now + seconds, reset, error=said)
         return gate is None
 
     async def pause_source(self, source: str, seconds: float) -> None:

@@ -80,8 +80,11 @@ def test_an_outage_is_logged_once_per_change_and_success_quietly(
     with celery_worker(settings, broker, tmp_path, loglevel="INFO", logfile=log):
         down = ask.delay("during the outage")
         text = wait_for(log, rf"{down.id} PARKED")
+        gated = ask.delay("refused by the closed gate")
+        text = wait_for(log, rf"{gated.id} PARKED")
         with SimulatedProvider(MODELS, port=closed_port):  # the source answers again
             assert down.get(timeout=120) == "fine"
+            assert gated.get(timeout=120) == "fine"
             assert ask.delay("after it").get(timeout=60) == "fine"
             text = wait_for(log, r"scope 'chat' answers again")
             time.sleep(1.0)  # the last lines reach the file
@@ -102,11 +105,13 @@ def test_an_outage_is_logged_once_per_change_and_success_quietly(
     parked = once(f"task {down.id} PARKED, not dropped: scope 'chat' stalled")
     assert f"(sources: main; last error: {REFUSED})" in parked
     ignored = once(f"Task tests.celery.app.ask[{down.id}] ignored")
+    # Refused by the gate, or its probe refused by the open breaker: nothing tried.
+    assert "(sources: none tried" in once(f"task {gated.id} PARKED, not dropped: scope 'chat'")
     assert lines.index(parked) < lines.index(ignored)  # read next to each other
     assert "INFO" in once("source 'main' recovered: a request succeeded; breaker closed")
     assert "INFO" in once("scope 'chat' answers again (source 'main' succeeded)")
     assert "still failing" not in text  # the provider was back before the probe
-    assert "HTTP Request" not in text  # two successes, no transport line
+    assert "HTTP Request" not in text  # three successes, no transport line
     assert "sk-" not in text
 
 

@@ -255,7 +255,14 @@ class RedisStore:
                 return Grant(str(reply[1]), request.permit_id, float(reply[2]), self.lease_s)
             if int(reply[0]) == 2:
                 gated = float(reply[1])
-                return Denial(gated, (), gated_for_s=gated, gated_reset=str(reply[2]) == "1")
+                said = str(reply[3]) if len(reply) > 3 else ""
+                return Denial(
+                    gated,
+                    (),
+                    gated_for_s=gated,
+                    gated_reset=str(reply[2]) == "1",
+                    gated_error=said or None,
+                )
             if waits != b"0":
                 self._listen_for_releases()  # someone here is about to wait
             booked = int(reply[0]) == 3  # then the slot it booked comes next
@@ -364,8 +371,10 @@ class RedisStore:
             "progress", [self.keys.progress(scope)], [self._now(), "mark", _fmt(PROGRESS_TTL_S)]
         )
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool = False) -> bool:
-        args = [self._now(), "close", _fmt(seconds), "1" if reset else "0"]
+    async def close_gate(
+        self, scope: str, seconds: float, reset: bool = False, error: str | None = None
+    ) -> bool:
+        args = [self._now(), "close", _fmt(seconds), "1" if reset else "0", error or ""]
         return str(await self._run("gate", [self.keys.gate(scope)], args)) == "1"
 
     async def gate_closed_for_s(self, scope: str) -> float:

@@ -98,9 +98,11 @@ class GateCountingStore(MemoryStore):
         super().__init__(clock)
         self.closings: list[float] = []
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool) -> bool:
+    async def close_gate(
+        self, scope: str, seconds: float, reset: bool = False, error: str | None = None
+    ) -> bool:
         self.closings.append(seconds)
-        return await super().close_gate(scope, seconds, reset)
+        return await super().close_gate(scope, seconds, reset, error)
 
 
 async def test_a_call_the_gate_refuses_leaves_the_gate_as_it_is(
@@ -127,7 +129,9 @@ async def test_a_call_the_gate_refuses_leaves_the_gate_as_it_is(
 
 
 class GateFailingStore(MemoryStore):
-    async def close_gate(self, scope: str, seconds: float, reset: bool) -> bool:
+    async def close_gate(
+        self, scope: str, seconds: float, reset: bool = False, error: str | None = None
+    ) -> bool:
         raise ConnectionError("the store is gone")
 
 

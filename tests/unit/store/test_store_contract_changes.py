@@ -8,7 +8,7 @@ import pytest
 
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.terms import BreakerTerms, SourceTerms
-from polygate_celery.store import AdmitRequest, Grant, Settlement
+from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from tests.unit.store.conftest import Harness
 
 SRC = SourceTerms("vllm", 8, breaker=BreakerTerms(failure_threshold=2, cooldown_s=30))
@@ -131,3 +131,16 @@ async def test_a_stall_on_record_ends_a_minute_after_its_gate_opened(h: Harness)
     assert await h.store.close_gate("s", 30) is True
     h.clock.advance(30 + 61)
     assert await h.store.close_gate("s", 30) is True
+
+
+async def test_a_call_the_gate_refuses_learns_the_closing_verdicts_last_error(
+    h: Harness,
+) -> None:
+    assert await h.store.close_gate("s", 30, error="vllm: transient: connection refused")
+    await h.store.close_gate("s", 30)  # a close without an error keeps the one told
+    probe = AdmitRequest("s", (SRC,), h.new_id(), gate=True, call_id="probe", probe_lease_s=9)
+    assert isinstance(await h.store.admit(probe), Grant)
+    other = AdmitRequest("s", (SRC,), h.new_id(), gate=True, call_id="other", probe_lease_s=9)
+    refused = await h.store.admit(other)
+    assert isinstance(refused, Denial)
+    assert refused.gated_error == "vllm: transient: connection refused"

@@ -1,11 +1,13 @@
 -- gate.lua: close a scope's gate after a stalled verdict (a later close is kept), or
 -- read how long it stays closed.
 --
--- KEYS[1]  {p}:v1:scope:<scope>:gate   HASH  until reset probe probe_until
+-- KEYS[1]  {p}:v1:scope:<scope>:gate   HASH  until reset probe probe_until error
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "close" or "read"
 -- ARGV[3]  close: seconds to keep it closed
 -- ARGV[4]  close: "1" when it opens as rate limits reset, else "0" (kept with the later close)
+-- ARGV[5]  close: the closing verdict's last error ("" for none: the one kept stays), told
+--          to the calls the gate refuses (admit.lua)
 -- Returns  close: "1" if no stall was on record (this call closed an open gate: the
 --          outage begins), else "0" (closed already, or closed again after opening by
 --          time: the same outage). The key expires on its own a minute after the gate
@@ -31,6 +33,7 @@ if asked >= closed_until then
   closed_until = asked
   redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until), 'reset', ARGV[4] or '0')
 end
+if (ARGV[5] or '') ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
 redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
 redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + KEPT_S)
 return was_open and '1' or '0'
