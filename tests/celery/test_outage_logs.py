@@ -3,6 +3,7 @@ the task parked (not dropped), its recovery; and no transport line per request."
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import redis as sync_redis
 
+from polygate_celery.celery.worker import quiet_transport_loggers
 from polygate_celery.errors import DeferralBudgetExceeded
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.app import app, ask
@@ -134,3 +136,18 @@ def test_a_spent_deferral_budget_names_the_last_error_in_the_result(
     assert str(failure).endswith(f"last verdict: stalled; last error: {REFUSED}")
     assert result.state == "FAILURE"
     assert REFUSED in str(result.result)
+
+
+def test_transport_loggers_are_quieted_unless_a_level_was_set_on_them() -> None:
+    httpx_logger, httpcore_logger = logging.getLogger("httpx"), logging.getLogger("httpcore")
+    before = httpx_logger.level, httpcore_logger.level
+    try:
+        httpx_logger.setLevel(logging.NOTSET)
+        httpcore_logger.setLevel(logging.DEBUG)  # the user's choice
+        assert quiet_transport_loggers() == ["httpx"]
+        assert httpx_logger.level == logging.WARNING
+        assert httpcore_logger.level == logging.DEBUG
+        assert quiet_transport_loggers() == []  # set now: kept as it is
+    finally:
+        httpx_logger.setLevel(before[0])
+        httpcore_logger.setLevel(before[1])
