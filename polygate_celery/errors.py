@@ -10,7 +10,8 @@ The tree::
     │   └── GovernanceBackendError     the governance store is unreachable or answered nonsense
     ├── SourceFatalError               request-level: bad request, content policy, no source
     │                                  left → never retried
-    ├── DeferralBudgetExceeded         a Celery task deferred too often or too long → FAILURE
+    ├── DeferralBudgetExceeded         a Celery task deferred too often or too long → FAILURE,
+    │                                  with the last verdict's last error
     └── ConfigError                    invalid configuration, raised at load time with the field
 
 Every exception keeps all of its fields in ``args``, in constructor order, as
@@ -137,7 +138,10 @@ class SourceFatalError(PolygateError):
 class DeferralBudgetExceeded(PolygateError):
     """A Celery task's scope stayed unavailable past `max_deferrals` or `max_defer_age_s`.
 
-    `reason` is the last verdict that would have deferred it again.
+    `reason` is the last verdict that would have deferred it again; `last_error`
+    is that verdict's last error (``"vllm: transient: connection refused"``) and
+    `source`, `status` its last failed attempt's, so a FAILURE says what the
+    provider did, not only that the scope stalled (SPEC §4).
     """
 
     def __init__(
@@ -147,20 +151,60 @@ class DeferralBudgetExceeded(PolygateError):
         deferrals: int,
         age_s: float,
         retry_after_s: float | None = None,
+        last_error: str | None = None,
+        source: str | None = None,
+        status: int | None = None,
     ) -> None:
         self.reason = reason
         self.scope = scope
         self.deferrals = int(deferrals)
         self.age_s = float(age_s)
         self.retry_after_s = retry_after_s
-        super().__init__(reason, scope, self.deferrals, self.age_s, retry_after_s)
+        self.last_error = last_error
+        self.source = source
+        self.status = None if status is None else int(status)
+        super().__init__(
+            reason,
+            scope,
+            self.deferrals,
+            self.age_s,
+            retry_after_s,
+            last_error,
+            source,
+            self.status,
+        )
+
+    @classmethod
+    def after(
+        cls, verdict: GatewayUnavailableError, deferrals: int, age_s: float
+    ) -> DeferralBudgetExceeded:
+        """The failure of a task whose budget `verdict` found spent: it carries the verdict's
+        reason, scope, estimate and last error (a store that could not answer is one)."""
+        if isinstance(verdict, AllSourcesExhausted):
+            failed = [r for r in verdict.trail if r.outcome != "success"]
+            last = failed[-1] if failed else None
+            return cls(
+                verdict.reason,
+                verdict.scope,
+                deferrals,
+                age_s,
+                verdict.retry_after_s,
+                verdict.last_error,
+                last.source if last else None,
+                last.status if last else None,
+            )
+        scope = getattr(verdict, "scope", None)
+        return cls("backend_error", scope, deferrals, age_s, 1.0, str(verdict))
 
     def __str__(self) -> str:
         where = f"scope {self.scope!r}: " if self.scope else ""
-        return (
+        text = (
             f"{where}deferral budget spent after {self.deferrals} deferral(s) over "
             f"{self.age_s:.0f} s; last verdict: {self.reason}"
         )
+        if self.last_error:
+            text += f"; last error: {self.last_error}"
+        return text
 
 
 class ConfigError(PolygateError):

@@ -136,7 +136,7 @@ def defer(
     reason = verdict.reason if isinstance(verdict, AllSourcesExhausted) else "backend_error"
     estimate = verdict.retry_after_s if isinstance(verdict, AllSourcesExhausted) else 1.0
     if count > config.max_deferrals or now - first > config.max_defer_age_s:
-        raise DeferralBudgetExceeded(reason, scope, state.count, now - first, estimate) from verdict
+        raise DeferralBudgetExceeded.after(verdict, state.count, now - first) from verdict
     reset = isinstance(verdict, AllSourcesExhausted) and verdict.rate_limited
     delay = deferral_delay(estimate, state.grown, config, random.random(), grow=not reset)
     grown = state.grown if reset else state.grown + 1
@@ -158,9 +158,32 @@ def defer(
         chosen = "countdown"  # the lot lives in the store's Redis; the broker may be up
         delay = min(delay, countdown_cap_s(task))
         _send_later(task, signature, delay, guard)
-    logger.info("task %s deferred (%s), runs again in %.1f s", task.request.id, reason, delay)
+    logger.info(
+        "task %s PARKED, not dropped: scope %r %s (sources: %s; last error: %s); "
+        "runs again in %.1f s (%s)",
+        task.request.id,
+        scope,
+        reason,
+        _sources_of(verdict),
+        _last_error_of(verdict),
+        delay,
+        "parking lot" if chosen == "park" else "broker countdown",
+    )
     _announce(task, runtime, reason, scope, estimate, count, now, delay, chosen)
     raise Ignore()
+
+
+def _sources_of(verdict: GatewayUnavailableError) -> str:
+    """The sources the verdict's call tried, in order, for the deferral's log line."""
+    trail = verdict.trail if isinstance(verdict, AllSourcesExhausted) else ()
+    names = list(dict.fromkeys(record.source for record in trail))
+    return ", ".join(names) if names else "none tried: the gate refused it"
+
+
+def _last_error_of(verdict: GatewayUnavailableError) -> str:
+    if isinstance(verdict, AllSourcesExhausted):
+        return verdict.last_error or "none"
+    return str(verdict)  # the store could not answer
 
 
 def requeue_copy(task: Task[Any, Any], runtime: WorkerRuntime, guard: ExecutionGuard) -> NoReturn:

@@ -9,8 +9,9 @@ with limits of its own keeps them), and what the app's broker needs
 hard time limit (a shorter one would redeliver a task that is still running:
 refused); on RabbitMQ publisher confirms, and a hard time limit shorter than
 the broker's consumer timeout (refused otherwise).
-It also starts each worker process's parking-lot release loop and warns when
-Redis could evict governance keys.
+It also starts each worker process's parking-lot release loop, warns when
+Redis could evict governance keys, and quiets the transport libraries'
+per-request INFO lines (`quiet_transport_loggers`).
 
 Worker loss with Redis as the broker: a task is redelivered only if the
 broker's unacknowledged-message records survive, so run Redis with AOF
@@ -320,6 +321,28 @@ def check_eviction_policy(app: Celery) -> str | None:
     return policies[0] if policies else None
 
 
+# Transport libraries that log every request at INFO ("HTTP Request: POST ...").
+TRANSPORT_LOGGERS = ("httpx", "httpcore")
+
+
+def quiet_transport_loggers() -> list[str]:
+    """Set the transport libraries' loggers to WARNING in a worker, unless a level was
+    set on them already (the user's logging config chose it); the names it set.
+
+    A worker at INFO would otherwise log each provider request of each governed call,
+    burying the lines that matter (a breaker opening, a task parked). The rule is the
+    logger's own level: NOTSET (inheriting the root's) is quieted, any level set on it
+    is the user's and kept; a user who wants the lines back sets ``httpx`` to INFO.
+    """
+    quieted = []
+    for name in TRANSPORT_LOGGERS:
+        transport = logging.getLogger(name)
+        if transport.level == logging.NOTSET:
+            transport.setLevel(logging.WARNING)
+            quieted.append(name)
+    return quieted
+
+
 _connected: set[int] = set()
 
 
@@ -330,6 +353,7 @@ def _connect_signals(app: Celery) -> None:
 
     def on_init(sender: Any = None, **_: Any) -> None:  # the worker's main process, pre-fork
         if getattr(sender, "app", app) is app:
+            quiet_transport_loggers()
             apply_time_limits(app)
             install_counting_request(app.tasks)
             check_broker_unchanged(app)

@@ -115,6 +115,14 @@ def _reseed_permit_ids() -> None:
 os.register_at_fork(after_in_child=_reseed_permit_ids)
 
 
+def _error_text(outcome: Outcome) -> str:
+    """A failed attempt as its log lines and verdicts name it: ``transient (HTTP 503):
+    upstream error`` (kind, status, classified reason; never a body or a key)."""
+    status = f" (HTTP {outcome.status})" if outcome.status is not None else ""
+    reason = f": {outcome.reason}" if outcome.reason else ""
+    return f"{outcome.kind.value}{status}{reason}"
+
+
 def _same_source_worth_retrying(outcome: Outcome) -> bool:
     """A 5xx (or 408/409) or a connection error: often gone on the next try. A timeout
     (a silent route) or a malformed answer moves to another source at once."""
@@ -237,7 +245,9 @@ class GovernedCall:
                     self.refused = True
                     self.booked = self.booked or admission.booked_in_s is not None
                     if admission.gated_for_s is not None:
-                        self._refused_by_gate(admission.gated_for_s, admission.gated_reset)
+                        self._refused_by_gate(
+                            admission.gated_for_s, admission.gated_reset, admission.gated_error
+                        )
                     await self._on_no_runnable(admission, released, candidates)
                     continue
             self.stay_on = self.hold_on = None  # one attempt each
@@ -536,6 +546,7 @@ class GovernedCall:
             est_tokens=self.est_tokens,
             used_tokens=used,
             limits=outcome.limits,
+            error=None if success else _error_text(outcome),
         )
         if effect is Effect.AUTH_FAILURE:
             self._alert_credentials(grant.source)
@@ -585,18 +596,32 @@ class GovernedCall:
 
     # -- verdicts ----------------------------------------------------------------
 
-    def _refused_by_gate(self, gated_for_s: float, reset: bool) -> None:
-        """The scope was judged stalled and another call is probing it: defer at once."""
+    def _refused_by_gate(self, gated_for_s: float, reset: bool, error: str | None) -> None:
+        """The scope was judged stalled and another call is probing it: defer at once,
+        naming the closing verdict's last error unless this call met one of its own."""
         self.gated = True
+        self.last_error = self.last_error or error
         self.reopen_at = self.rt.clock.now() + gated_for_s
         self.reopen_is_reset = reset
         raise self._exhausted("stalled")
 
     async def _close_gate(self, seconds: float, reset: bool) -> None:
+        """Close the scope's gate; the call that closed an open one says so, once fleet-wide."""
         try:
-            await self.rt.store.close_gate(self.plan.name, seconds, reset, self.call_id)
+            closed = await self.rt.store.close_gate(
+                self.plan.name, seconds, reset, self.call_id, error=self.last_error
+            )
         except Exception:
             logger.warning("scope %r: closing its gate failed", self.plan.name, exc_info=True)
+            return
+        if closed:
+            logger.warning(
+                "scope %r stalled (last error: %s): gate closed, its tasks park, one probe "
+                "at a time for up to %.0f s",
+                self.plan.name,
+                self.last_error or "none",
+                seconds,
+            )
 
     def _sane_hint(self, seconds: float | None) -> float | None:
         """A provider's or store's reopening hint, if usable: finite, positive, capped."""
@@ -606,9 +631,7 @@ class GovernedCall:
 
     def _judge_failure(self, source: str, outcome: Outcome, charged: bool) -> None:
         """Count a failed attempt against the budget, or raise the verdict it settles."""
-        status = f" (HTTP {outcome.status})" if outcome.status is not None else ""
-        reason = f": {outcome.reason}" if outcome.reason else ""
-        self.last_error = f"{source}: {outcome.kind.value}{status}{reason}"
+        self.last_error = f"{source}: {_error_text(outcome)}"
         if outcome.kind is OutcomeKind.FATAL:
             raise SourceFatalError(
                 outcome.reason or "fatal", self.plan.name, source, outcome.status, self.trail

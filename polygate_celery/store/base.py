@@ -86,6 +86,8 @@ class Denial:
     the gate was closed until rate limits reset (see `close_gate`).
     `booked_in_s` is set when the caller holds a booking of a quota's slot (see
     `AdmitRequest.book_within_s`): it may ask again that much later and be admitted.
+    `gated_error` is the last error of the verdict that closed the gate: a call the
+    gate refuses names it, as its own verdict's last error.
     """
 
     reopen_in_s: float | None
@@ -93,6 +95,7 @@ class Denial:
     gated_for_s: float | None = None
     gated_reset: bool = False
     booked_in_s: float | None = None
+    gated_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +107,9 @@ class Settlement:
     progress. `pause_s` pauses the source fleet-wide (a later pause is kept).
     `used_tokens` is charged in place of the `est_tokens` reserved at admission
     (0 refunds the estimate). `limits`, the provider's own rate-limit headers,
-    teach the source's learned quota (`core.quota.learned_tat`).
+    teach the source's learned quota (`core.quota.learned_tat`). `error` says
+    what a failed attempt met (``"transient (HTTP 503): connection refused"``,
+    classified and redacted): the log line of a state change it causes names it.
     """
 
     scope: str
@@ -117,6 +122,7 @@ class Settlement:
     est_tokens: int = 0
     used_tokens: int = 0
     limits: RateLimits | None = None
+    error: str | None = None
 
 
 class ReleaseWatch(Protocol):
@@ -217,9 +223,18 @@ class Store(Protocol):
         ...
 
     async def close_gate(
-        self, scope: str, seconds: float, reset: bool = False, call_id: str = ""
-    ) -> None:
+        self,
+        scope: str,
+        seconds: float,
+        reset: bool = False,
+        call_id: str = "",
+        error: str | None = None,
+    ) -> bool:
         """Close the scope's gate for `seconds` (a later close is kept); a success opens it.
+
+        True when the gate was open: this call closed it, and its caller says so, once
+        across the fleet. `error`, the closing verdict's last error (classified, no
+        secret), is kept with the gate for the calls it refuses (`Denial.gated_error`).
 
         `reset` says the gate opens when rate limits reset (the closing verdict's
         `rate_limited`); refused calls learn it from their `Denial`. `call_id` is the

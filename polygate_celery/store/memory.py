@@ -52,7 +52,12 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
+from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
 from polygate_celery.store.releases import ReleaseHub, Watch
+
+# How long a gate that opened by time stays on record as its scope's stall (as gate.lua's
+# key expiry): a later close within it is the same outage, and a success ends it.
+GATE_KEPT_S = 60.0
 
 PROGRESS_TTL_S = 3600.0
 
@@ -154,6 +159,7 @@ class _Gate:
     reset: bool = False
     probe: str | None = None
     probe_until: float = -math.inf
+    error: str | None = None
 
 
 @dataclass
@@ -234,13 +240,18 @@ class MemoryStore:
     def _gated(self, request: AdmitRequest, now: float) -> Denial | None:
         """The gate's refusal of this call, if the scope's gate is closed to it."""
         gate = self._gates.get(request.scope)
-        if gate is None or gate.until <= now:
-            self._gates.pop(request.scope, None)
+        if gate is None or gate.until <= now:  # open; kept a while as the stall's record
             return None
         if gate.probe in (None, request.call_id) or gate.probe_until <= now:
             gate.probe, gate.probe_until = request.call_id, now + request.probe_lease_s
             return None
-        return Denial(gate.until - now, (), gated_for_s=gate.until - now, gated_reset=gate.reset)
+        return Denial(
+            gate.until - now,
+            (),
+            gated_for_s=gate.until - now,
+            gated_reset=gate.reset,
+            gated_error=gate.error,
+        )
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         now = self._clock.now()
@@ -420,6 +431,30 @@ class MemoryStore:
                 quota_state.admitted.append(now)
 
     async def settle(self, settlement: Settlement) -> bool:
+        state = self._source(settlement.source)
+        before, paused_until = state.breaker, state.paused_until
+        gate = self._gates.get(settlement.scope)
+        had_gate = gate is not None and gate.until + GATE_KEPT_S > self._clock.now()
+        held = self._settle(settlement)
+        now = self._clock.now()
+        after = state.breaker
+        pause = settlement.pause_s
+        change: BreakerChange | None = None
+        if after.mode == "open" and before.mode != "open":
+            change = "opened" if before.mode == "closed" else "reopened"
+        elif after.mode == "closed" and before.mode != "closed":
+            change = "closed"
+        changes = SettleChanges(
+            breaker=change,
+            open_for_s=after.open_until - now if change in ("opened", "reopened") else 0.0,
+            paused_for_s=pause if pause is not None and pause > 0 and paused_until <= now else None,
+            gate_opened=had_gate and settlement.scope not in self._gates,
+        )
+        if changes != SettleChanges():
+            log_changes(settlement, changes)
+        return held
+
+    def _settle(self, settlement: Settlement) -> bool:
         now = self._clock.now()
         terms = settlement.source
         state = self._source(terms)
@@ -493,17 +528,27 @@ class MemoryStore:
         self._progress[scope] = self._clock.now()
 
     async def close_gate(
-        self, scope: str, seconds: float, reset: bool = False, call_id: str = ""
-    ) -> None:
+        self,
+        scope: str,
+        seconds: float,
+        reset: bool = False,
+        call_id: str = "",
+        error: str | None = None,
+    ) -> bool:
         now = self._clock.now()
         gate = self._gates.get(scope)
+        if gate is not None and gate.until + GATE_KEPT_S <= now:
+            gate = None  # as the gate's Redis key expires
+        said = error or (gate.error if gate is not None else None)
         if gate is None or gate.until <= now:  # it was open: no probe yet
-            self._gates[scope] = _Gate(now + seconds, reset)
-            return
+            self._gates[scope] = _Gate(now + seconds, reset, error=said)
+            return gate is None
         if call_id and gate.probe == call_id:  # the probe's own verdict: its slot is free
             gate.probe, gate.probe_until = None, -math.inf
         if gate.until <= now + seconds:  # the later close is kept
             gate.until, gate.reset = now + seconds, reset
+        gate.error = said
+        return False
 
     async def pause_source(self, source: str, seconds: float) -> None:
         state = self._sources.setdefault(source, _SourceState())

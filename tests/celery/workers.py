@@ -49,9 +49,11 @@ def celery_worker(
     concurrency: int = 2,
     settings: Mapping[str, str] | None = None,
     queues: str = "polygate-tests",
+    loglevel: str = "WARNING",
+    logfile: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A worker process for the test app, consuming `queues`; stopped (warm, then cold)
-    afterwards."""
+    """A worker process for the test app, consuming `queues`, logging at `loglevel` (to
+    `logfile` if given); stopped (warm, then cold) afterwards."""
     path = tmp_path / f"polygate-{time.monotonic_ns()}.toml"
     path.write_text(toml(config))
     env = {
@@ -74,7 +76,8 @@ def celery_worker(
         "-Q",
         queues,
         "--loglevel",
-        "WARNING",
+        loglevel,
+        *(["--logfile", str(logfile)] if logfile is not None else []),
         "--without-heartbeat",
         "--without-mingle",
         "--without-gossip",

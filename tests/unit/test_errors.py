@@ -12,6 +12,7 @@ from polygate_celery.core.outcome import AttemptRecord
 from polygate_celery.errors import (
     AllSourcesExhausted,
     ConfigError,
+    DeferralBudgetExceeded,
     GatewayUnavailableError,
     GovernanceBackendError,
     PolygateError,
@@ -36,6 +37,16 @@ FIELDS: dict[type[PolygateError], tuple[str, ...]] = {
     GovernanceBackendError: ("message", "scope"),
     SourceFatalError: ("reason", "scope", "source", "status", "trail"),
     ConfigError: ("field", "message", "problems"),
+    DeferralBudgetExceeded: (
+        "reason",
+        "scope",
+        "deferrals",
+        "age_s",
+        "retry_after_s",
+        "last_error",
+        "source",
+        "status",
+    ),
 }
 
 EXAMPLES: list[PolygateError] = [
@@ -50,6 +61,8 @@ EXAMPLES: list[PolygateError] = [
     SourceFatalError("no source left", "summarise"),
     ConfigError("scopes.x.stall_window_s", "Input should be greater than 0"),
     ConfigError("a.b", "bad", [("a.b", "bad"), ("c", "worse")]),
+    DeferralBudgetExceeded("stalled", "down", 3, 7.2, 30.0, "vllm: transient: refused", "vllm"),
+    DeferralBudgetExceeded("stalled", "down", 3, 7.2, 30.0),  # as raised before last_error
 ]
 
 
@@ -156,3 +169,36 @@ def test_class_hierarchy() -> None:
     assert not issubclass(SourceFatalError, GatewayUnavailableError)
     assert issubclass(ConfigError, PolygateError)
     assert not issubclass(ConfigError, GatewayUnavailableError)
+
+
+def test_deferral_budget_names_the_last_verdicts_last_error() -> None:
+    trail = (
+        AttemptRecord("vllm", "transient", 0.1, 0.0, status=503, reason="upstream error"),
+        AttemptRecord("vllm", "transient", 0.1, 1.0, reason="connection refused"),
+    )
+    verdict = AllSourcesExhausted(
+        "stalled", "down", 30.0, 2, "vllm: transient: connection refused", trail
+    )
+    exc = DeferralBudgetExceeded.after(verdict, 3, 7.2)
+    assert (exc.reason, exc.scope, exc.deferrals, exc.retry_after_s) == ("stalled", "down", 3, 30)
+    assert (exc.last_error, exc.source, exc.status) == (
+        "vllm: transient: connection refused",
+        "vllm",
+        None,
+    )
+    assert str(exc) == (
+        "scope 'down': deferral budget spent after 3 deferral(s) over 7 s; last verdict: "
+        "stalled; last error: vllm: transient: connection refused"
+    )
+    rebuilt = DeferralBudgetExceeded(*json.loads(json.dumps(exc.args)))
+    assert str(rebuilt) == str(exc)
+    assert rebuilt.source == "vllm"
+
+
+def test_deferral_budget_after_a_store_outage_names_it() -> None:
+    exc = DeferralBudgetExceeded.after(GovernanceBackendError("admit: timeout", "down"), 5, 60)
+    assert exc.reason == "backend_error"
+    assert exc.last_error == "scope 'down': governance store unavailable: admit: timeout"
+    assert str(exc).endswith(
+        "last error: scope 'down': governance store unavailable: admit: timeout"
+    )

@@ -37,7 +37,9 @@ ones stop. Keys (``{t}``: the key's tag, ``{p}``: the fleet tag)::
     {t}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
                                             window (at most rpm members, TTL one window)
     {t}:v1:scope:<scope>:progress   STRING  time of the scope's last success, TTL 3,600 s
-    {t}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, reset, probe
+    {t}:v1:scope:<scope>:gate       HASH    closed after a stalled verdict: until, reset, probe,
+                                            error; kept a minute after it opens (the
+                                            stall's record), deleted by a success
     {p}:v1:wake:<origin>            channel "<call id> <source>": a permit was handed to
                                             that call of the process `origin` (a
                                             cluster broadcasts a PUBLISH to every node)

@@ -48,6 +48,7 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
+from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
 from polygate_celery.store.redis.connect import (
     AsyncClient,
     cluster_node_client,
@@ -68,6 +69,11 @@ _SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "q
 # for a connection made on another event loop); cancellation passes through.
 _BACKEND_ERRORS = (Exception,)
 _REPLY_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+_BREAKER_CHANGES: dict[str, BreakerChange] = {
+    "opened": "opened",
+    "reopened": "reopened",
+    "closed": "closed",
+}
 
 
 _CLUSTER_HINT = (
@@ -92,6 +98,24 @@ def _flags(reply: Any, n: int, name: str, *, followed: bool = False) -> list[boo
     if len(flags) != n or (not followed and len(reply) != n):
         raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}")
     return flags
+
+
+def _changes_reply(reply: list[Any], settlement: Settlement) -> Any:
+    """Log the state changes settle.lua reported (see its header); its result."""
+    try:
+        result, breaker, open_for, pause, gate = reply
+        mode = breaker.decode() if isinstance(breaker, bytes) else str(breaker)
+        fresh = pause.decode() if isinstance(pause, bytes) else str(pause)
+        changes = SettleChanges(
+            breaker=_BREAKER_CHANGES.get(mode),
+            open_for_s=float(open_for),
+            paused_for_s=float(fresh) if fresh else None,
+            gate_opened=gate in (b"1", "1"),
+        )
+    except _REPLY_ERRORS as exc:
+        raise GovernanceBackendError(f"settle: unexpected reply {reply!r}") from exc
+    log_changes(settlement, changes)
+    return result
 
 
 def _fmt(x: float) -> str:
@@ -231,7 +255,14 @@ class RedisStore:
                 return Grant(str(reply[1]), request.permit_id, float(reply[2]), self.lease_s)
             if int(reply[0]) == 2:
                 gated = float(reply[1])
-                return Denial(gated, (), gated_for_s=gated, gated_reset=str(reply[2]) == "1")
+                said = str(reply[3]) if len(reply) > 3 else ""
+                return Denial(
+                    gated,
+                    (),
+                    gated_for_s=gated,
+                    gated_reset=str(reply[2]) == "1",
+                    gated_error=said or None,
+                )
             if waits != b"0":
                 self._listen_for_releases()  # someone here is about to wait
             booked = int(reply[0]) == 3  # then the slot it booked comes next
@@ -264,6 +295,8 @@ class RedisStore:
             *_announced(settlement.limits),
         )
         reply = await self._send("settle", self._settle_command(settlement.scope, terms), args)
+        if isinstance(reply, list):  # a state change, which this process logs for the fleet
+            reply = _changes_reply(reply, settlement)
         if isinstance(reply, str) and reply not in ("0", "1"):
             self._releases.wake_call(reply, terms.name)  # a waiter here: no message
             return True
@@ -339,10 +372,15 @@ class RedisStore:
         )
 
     async def close_gate(
-        self, scope: str, seconds: float, reset: bool = False, call_id: str = ""
-    ) -> None:
-        args = [self._now(), "close", _fmt(seconds), "1" if reset else "0", call_id]
-        await self._run("gate", [self.keys.gate(scope)], args)
+        self,
+        scope: str,
+        seconds: float,
+        reset: bool = False,
+        call_id: str = "",
+        error: str | None = None,
+    ) -> bool:
+        closing = ["close", _fmt(seconds), "1" if reset else "0", call_id, error or ""]
+        return str(await self._run("gate", [self.keys.gate(scope)], [self._now(), *closing])) == "1"
 
     async def gate_closed_for_s(self, scope: str) -> float:
         reply = await self._run("gate", [self.keys.gate(scope)], [self._now(), "read"])

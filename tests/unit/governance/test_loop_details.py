@@ -98,9 +98,16 @@ class GateCountingStore(MemoryStore):
         super().__init__(clock)
         self.closings: list[float] = []
 
-    async def close_gate(self, scope: str, seconds: float, reset: bool, call_id: str = "") -> None:
+    async def close_gate(
+        self,
+        scope: str,
+        seconds: float,
+        reset: bool = False,
+        call_id: str = "",
+        error: str | None = None,
+    ) -> bool:
         self.closings.append(seconds)
-        await super().close_gate(scope, seconds, reset, call_id)
+        return await super().close_gate(scope, seconds, reset, call_id, error)
 
 
 async def test_a_call_the_gate_refuses_leaves_the_gate_as_it_is(
@@ -127,7 +134,14 @@ async def test_a_call_the_gate_refuses_leaves_the_gate_as_it_is(
 
 
 class GateFailingStore(MemoryStore):
-    async def close_gate(self, scope: str, seconds: float, reset: bool, call_id: str = "") -> None:
+    async def close_gate(
+        self,
+        scope: str,
+        seconds: float,
+        reset: bool = False,
+        call_id: str = "",
+        error: str | None = None,
+    ) -> bool:
         raise ConnectionError("the store is gone")
 
 

@@ -169,3 +169,22 @@ async def test_verdicts_of_calls_already_running_leave_one_probe_in_flight(
     assert counted.probes >= 1
     assert counted.most == 1
     await gw.aclose()
+
+
+async def test_a_call_the_gate_refuses_names_the_closing_verdicts_last_error(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    source = ScriptedSource.always(clock, steps.server_error(status=503))
+    gw = gateway(make_config("chat", stall_window_s=10), {"a": source}, scope_gate=True)
+    with pytest.raises(AllSourcesExhausted) as closing:
+        await gw.call("s", "x")
+    assert closing.value.reason == "stalled"
+    assert closing.value.last_error is not None
+    assert closing.value.last_error.startswith("a: transient (HTTP 503)")
+    verdicts = await asyncio.gather(
+        gw.call("s", "one"), gw.call("s", "two"), return_exceptions=True
+    )
+    refused = [v for v in verdicts if isinstance(v, AllSourcesExhausted) and v.attempts == 0]
+    assert len(refused) == 1  # the other probed
+    assert refused[0].reason == "stalled"
+    assert refused[0].last_error == closing.value.last_error

@@ -28,7 +28,7 @@
 --                                                quota slot that call booked -> the slot
 --                                                plus its claim (the slot is this less
 --                                                ARGV[7]; it lapses at this time)
---   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until
+--   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until error
 -- ARGV[1]   now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]   permit id (chosen by the caller: a repeated admit returns its first grant)
 -- ARGV[3]   estimated tokens
@@ -56,7 +56,8 @@
 --          breaker_open, probe_in_flight, at_capacity, quota
 --          {3, reopen_in_s, booked_in_s, name, reason, ...}  a denial, the caller holding
 --                                                         a booked slot that far ahead
---          {2, gated_for_s, reset}                        refused by the scope's gate
+--          {2, gated_for_s, reset, error}                 refused by the scope's gate (the
+--                                                         closing verdict's last error)
 --                                                         (reset "1": it opens when
 --                                                         rate limits reset)
 -- Time: Redis TIME unless ARGV[1] is given. Commands: Redis 6.2 or later (ZMSCORE).
@@ -139,16 +140,16 @@ end
 
 if ARGV[6] ~= '' then
   local gkey = KEYS[6 * n + 1]
-  local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset')
+  local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset', 'error')
   local closed_until = tonumber(g[1])
-  if closed_until and closed_until <= now then
-    redis.call('DEL', gkey)
-  elseif closed_until then
+  -- a gate open by time stays on record (its key expires a minute on): a success ends
+  -- the stall it records, and says so (settle.lua); a later close is the same outage
+  if closed_until and closed_until > now then
     if held_already() then return {1, ARGV[T + 1], fmt(now)} end
     if not g[2] or g[2] == call or tonumber(g[3] or '-1e300') <= now then
       redis.call('HSET', gkey, 'probe', call, 'probe_until', now + tonumber(ARGV[6]))
     else
-      return {2, fmt(closed_until - now), g[4] or '0'}
+      return {2, fmt(closed_until - now), g[4] or '0', g[5] or ''}
     end
   end
 end

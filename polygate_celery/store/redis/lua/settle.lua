@@ -36,7 +36,12 @@
 --          run another call, handed to the first live waiter of the source's queue
 --          (fleet-wide FIFO): 1 (no waiter, or one of another process, told by a message
 --          on its channel), or the waiter's call id when it belongs to the settling
---          process (which wakes it without a message).
+--          process (which wakes it without a message). When the settle changed a state
+--          an operator must hear of, the reply is {that result, breaker change ("opened",
+--          "reopened", "closed" or ""), seconds it stays open, a fresh pause's seconds
+--          ("" if none: the source was paused already, or no pause), "1" if it ended
+--          the scope's stall on record (its gate closed, or open by time for less
+--          than gate.lua's KEPT_S) else "0"}: the settling process logs it, once fleet-wide.
 -- Time: Redis TIME unless ARGV[1] is given. Numbers handed to redis.call are written
 -- as %.17g.
 
@@ -67,6 +72,8 @@ local function put(field, value) set[#set + 1] = field; set[#set + 1] = value en
 
 local paused_until = tonumber(a[1] or '-1e300')
 local pause = tonumber(ARGV[5])
+local fresh_pause = ''  -- a pause of a source that was not paused: news
+if pause and pause > 0 and paused_until <= now then fresh_pause = string.format('%.17g', pause) end
 if pause and pause > 0 then
   paused_until = math.max(paused_until, now + pause)
   put('paused_until', paused_until)
@@ -100,13 +107,24 @@ if atpm > 0 then
   if ltpm <= 0 then put('ltsince', now) end
 end
 if forget ~= nil then redis.call('HDEL', skey, unpack(forget)) end  -- before any HSET
+local gate_opened = '0'
 if effect == 'success' then
   redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[24])))
-  redis.call('DEL', KEYS[5])
+  local closed_until = redis.call('HGET', KEYS[5], 'until')
+  if closed_until then  -- a stall on record while within gate.lua's KEPT_S: it ends
+    if tonumber(closed_until) + 60 > now then gate_opened = '1' end
+    redis.call('DEL', KEYS[5])
+  end
+end
+local change, open_for = '', 0
+-- the reply: `result` alone, or with the changes an operator must hear of
+local function reply(result)
+  if change == '' and fresh_pause == '' and gate_opened == '0' then return result end
+  return {result, change, string.format('%.17g', open_for), fresh_pause, gate_opened}
 end
 if not held and effect ~= 'success' then
   if #set > 0 then redis.call('HSET', skey, unpack(set)) end
-  return 0
+  return reply(0)
 end
 
 local threshold, cooldown = tonumber(ARGV[16]), tonumber(ARGV[17])
@@ -133,6 +151,12 @@ elseif effect == 'failure' then
 elseif is_probe then
   probe = false
 end
+local was = a[8] or 'closed'
+if mode == 'open' and was ~= 'open' then
+  change, open_for = (was == 'closed') and 'opened' or 'reopened', open_until - now
+elseif mode == 'closed' and was ~= 'closed' then
+  change = 'closed'
+end
 
 -- AIMD (mirrors polygate_celery.core.aimd): one decrease per congestion episode
 if effect == 'success' then
@@ -153,7 +177,7 @@ elseif a[11] then
   redis.call('HDEL', skey, 'probe')
 end
 if #set > 0 then redis.call('HSET', skey, unpack(set)) end
-if not held then return 0 end  -- a success's facts are kept; no permit is freed
+if not held then return reply(0) end  -- a success's facts are kept; no permit is freed
 
 if tpm > 0 and est > 0 then
   local delta = charge_s(used, tpm) - charge_s(est, tpm)
@@ -165,14 +189,14 @@ end
 
 -- hand the freed permit to the first live waiter, if the source can run a call now
 local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
-if not head then return 1 end  -- nobody waits: nothing more to do
-if mode == 'open' or probe or paused_until > now then return 1 end  -- waiters poll
+if not head then return reply(1) end  -- nobody waits: nothing more to do
+if mode == 'open' or probe or paused_until > now then return reply(1) end  -- waiters poll
 local in_use = redis.call('ZCARD', KEYS[1])
 local permits = math.max(1, math.min(cap, math.floor(limit)))
 if in_use >= permits then  -- full: reclaim the leases expired by now, count again
   in_use = in_use - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 end
-if in_use >= permits then return 1 end
+if in_use >= permits then return reply(1) end
 local origin, name = ARGV[13], ARGV[14]
 while head do
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
@@ -181,10 +205,10 @@ while head do
   if claim_end > now then
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
-    if waiter_origin == origin then return call end
+    if waiter_origin == origin then return reply(call) end
     redis.call('PUBLISH', ARGV[15] .. waiter_origin, call .. ' ' .. name)
-    return 1
+    return reply(1)
   end
   head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
 end
-return 1
+return reply(1)
