@@ -155,6 +155,7 @@ class WorkerRuntime:
             random=parts.random,
             hooks=hooks,
             scope_gate=True,
+            caller="task",  # a task parks: an outage's failures are waiting (rule 15)
         )
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
         self.loop = asyncio.new_event_loop()
