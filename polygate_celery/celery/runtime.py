@@ -178,6 +178,7 @@ class WorkerRuntime:
             random=parts.random,
             hooks=hooks,
             scope_gate=True,
+            caller="task",  # a task parks: an outage's failures are waiting (rule 15)
         )
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
         # scope -> when this process last woke its parked tasks (`handle._wake_parked`)

@@ -288,11 +288,12 @@ class ScopeSettings(_Strict):
         description="a Retry-After up to this long on the scope's first source is waited out "
         "on it; a longer one fails over to the next source",
     )
-    outage_is_waiting: bool = Field(
-        True,
+    outage_is_waiting: bool | None = Field(
+        None,
         description="a transient failure while no call of the scope succeeds is charged to "
         "waiting, not to the retry budget, so an outage defers tasks (false: every transient "
-        "failure burns the retry budget)",
+        "failure burns the retry budget; unset: true in governed Celery tasks, which park; for "
+        "a direct Gateway call, which cannot, only while the failing source's breaker is open)",
     )
 
 

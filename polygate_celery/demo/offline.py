@@ -131,6 +131,7 @@ def _build(clock: VirtualClock, rng: random.Random) -> Workload:
         clock=clock,
         random=rng.random,
         hooks=[tally],
+        caller="task",  # the fleet it simulates runs governed tasks, which park
     )
     return Workload(gateway, tally, defaultdict(list), total=0)
 

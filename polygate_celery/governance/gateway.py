@@ -17,7 +17,7 @@ from polygate_celery.errors import ConfigError
 from polygate_celery.governance.lease import LeaseRenewer
 from polygate_celery.governance.loop import CallResult, GovernedCall, Runtime
 from polygate_celery.governance.places import PlaceKeeper
-from polygate_celery.governance.plan import ScopePlan
+from polygate_celery.governance.plan import CallerKind, ScopePlan
 from polygate_celery.sources.base import Source
 from polygate_celery.sources.factory import sources_from_config
 from polygate_celery.sources.payloads import (
@@ -42,8 +42,13 @@ class Gateway:
     a stalled verdict closes the scope for its `retry_after_s`: other calls
     then end `stalled` at once, bar one probe at a time, until a success or
     the time passes (what a Celery worker wants: tasks defer at once instead
-    of each waiting out a stall window). Pass a
-    `VirtualClock` and ``random=lambda: 0.0`` to run deterministically in
+    of each waiting out a stall window). `caller` says who makes the calls
+    (SPEC §3 rule 15): "direct" (the default) for code that awaits them and
+    cannot park, whose transient failures on a scope that shows no progress
+    burn the retry budget unless their source's breaker is open; "task" for
+    governed Celery tasks, which park, so those failures are charged to
+    waiting. A scope's `outage_is_waiting`, when set, holds for both.
+    Pass a `VirtualClock` and ``random=lambda: 0.0`` to run deterministically in
     virtual time.
     """
 
@@ -57,6 +62,7 @@ class Gateway:
         random: Callable[[], float] | None = None,
         hooks: Sequence[TelemetryHook] = (),
         scope_gate: bool = False,
+        caller: CallerKind = "direct",
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
@@ -73,7 +79,7 @@ class Gateway:
         missing = sorted(used - set(sources))
         if missing:
             raise ConfigError(f"sources.{missing[0]}", "no adapter was given for this source")
-        self._plans = {name: ScopePlan.build(config, name) for name in config.scopes}
+        self._plans = {name: ScopePlan.build(config, name, caller) for name in config.scopes}
         self._runtime = Runtime(
             store=self.store,
             clock=self.clock,

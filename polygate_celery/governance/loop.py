@@ -12,14 +12,17 @@ Chat, embedding and OCR differ only by their `KindPolicy`. Per call:
 * `max_call_s` is a hard deadline: every wait and every attempt is cut to it.
 
 An outage is waiting, not the request's failure (SPEC §3 rule 15). A
-transient failure burns the retry budget only when the scope made progress
+transient failure burns the retry budget when the scope made progress
 since the call's previous failure (since it began, for its first): another
 call was served meanwhile, so the failure is this request's own. Otherwise
-nothing tells it from an outage of the scope's sources, and it is charged to
-waiting: `max_attempts` is not touched, its time is refunded to the stall
-budget unless it is the call's first failure (a single failed attempt,
-timeout or not, never makes a stall verdict, rule 5), and the stall verdict
-is checked after its backoff. So an outage that outlasts the stall window
+nothing tells it from an outage of the scope's sources, and in a governed
+task, which parks, it is charged to waiting (a direct caller, which cannot
+park, charges it so only while the source's breaker is open; else it burns
+the retry budget: `ScopePlan.outage_charge`). Charged to waiting,
+`max_attempts` is not touched, its time is refunded to the stall budget
+unless it is the call's first failure (a single failed attempt, timeout or
+not, never makes a stall verdict, rule 5), and the stall verdict is checked
+after its backoff. So an outage that outlasts the stall window
 ends calls `stalled` (their tasks defer) however many are in flight, a call
 already in flight when it begins being charged at most one more failure,
 while the breaker keeps the outage's traffic to about one probe per
@@ -428,7 +431,7 @@ class GovernedCall:
             if outcome.kind is OutcomeKind.RATE_LIMITED and self.plan.policy.rate_limit_exempt:
                 attempt.refund()
                 charged = False
-            elif outcome.kind is OutcomeKind.TRANSIENT and await self._scope_is_down():
+            elif outcome.kind is OutcomeKind.TRANSIENT and await self._scope_is_down(source):
                 charged = False
                 self.outage_fails += 1
                 if self.failed_at is not None:  # the call's first failure stays productive
@@ -447,24 +450,34 @@ class GovernedCall:
             return await adapter.send(self.payload, timeout_s=timeout_s, first_token_limit=cut)
         return await adapter.send(self.payload, timeout_s=timeout_s)
 
-    async def _scope_is_down(self) -> bool:
+    async def _scope_is_down(self, source: str) -> bool:
         """Whether a transient failure shows the scope's sources down (SPEC §3 rule 15).
 
         The scope's progress is the fleet-wide evidence: if no call of the scope
         succeeded since this call's previous failure (since it began, for its
-        first), nothing tells this request's failure from an outage, and it is
-        charged to waiting (the call ends `stalled` and its task defers; the
-        deferral budget bounds a request that can never succeed). If another
-        call succeeded meanwhile, the sources are serving and the failure is this
-        request's own: it burns the retry budget. So once an outage begins, a
-        call in flight is charged at most one more failure. Progress age is a
-        duration on the store's clock, compared with one on the local clock.
+        first), nothing tells this request's failure from an outage. A governed
+        task charges it to waiting (the call ends `stalled` and its task defers;
+        the deferral budget bounds a request that can never succeed). A direct
+        caller cannot park: it charges it to waiting only while `source`'s
+        breaker is open, so a scope that never answered ends its call
+        `retry_exhausted` within its attempts, not after a stall window. If
+        another call succeeded meanwhile, the sources are serving and the failure
+        is this request's own: it burns the retry budget. So once an outage
+        begins, a call in flight is charged at most one more failure. Progress
+        age is a duration on the store's clock, compared with one on the local
+        clock.
         """
-        if not self.plan.outage_is_waiting:
+        charge = self.plan.outage_charge
+        if charge == "retry_budget":
             return False
         since = self.failed_at if self.failed_at is not None else self.clock.entered_at
         age = await self.rt.store.progress_age_s(self.plan.name)
-        return not age < self.rt.clock.now() - since
+        if age < self.rt.clock.now() - since:
+            return False
+        if charge == "waiting":
+            return True
+        snapshot = await self.rt.store.snapshot(self.plan.terms[source])
+        return snapshot.breaker != "closed"
 
     def _backoff(self, outcome: Outcome, charged: bool) -> float:
         """The delay after a failure: an exempt 429 grows on the rate-limited streak's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
@@ -39,6 +40,26 @@ def source_terms(config: GatewayConfig, name: str) -> SourceTerms:
     )
 
 
+# Who makes a gateway's calls: a "direct" caller awaits `Gateway.call` and cannot park;
+# a governed Celery "task" defers (parks) when its call ends `stalled`, so waiting is cheap.
+CallerKind = Literal["direct", "task"]
+# Where a transient failure goes when the scope made no progress since the call's
+# previous failure, so nothing tells it from an outage (SPEC §3 rule 15): to waiting;
+# to waiting only while its source's breaker is open (fleet-wide evidence); or to the
+# retry budget.
+OutageCharge = Literal["waiting", "waiting_if_breaker_open", "retry_budget"]
+
+
+def outage_charge(outage_is_waiting: bool | None, caller: CallerKind) -> OutageCharge:
+    """The scope's `outage_is_waiting` as set, else by caller (rule 15 as amended):
+    waiting is the default only where it is cheap, in a task that parks. A direct call
+    would otherwise hang a whole stall window on a scope that never answered, so its
+    ambiguous failures burn the retry budget unless the breaker shows the outage."""
+    if outage_is_waiting is None:
+        return "waiting" if caller == "task" else "waiting_if_breaker_open"
+    return "waiting" if outage_is_waiting else "retry_budget"
+
+
 def claim_for(poll_interval_s: float) -> float:
     """How long a permit handed to a waiting call is held for it: past the call's next
     poll (at most `poll_interval_s` away) with a second to spare, so a waiter that
@@ -63,7 +84,7 @@ class ScopePlan:
     backoff_max_s: float
     poll_interval_s: float
     retry_after_cap_s: float
-    outage_is_waiting: bool = True
+    outage_charge: OutageCharge = "waiting"
     same_source_retries: int = 1
     wait_out_retry_after_s: float = 5.0
     # the terms of `sources`, in their order: the candidates of a call's first ask
@@ -77,7 +98,7 @@ class ScopePlan:
         return claim_for(self.poll_interval_s)
 
     @classmethod
-    def build(cls, config: GatewayConfig, name: str) -> ScopePlan:
+    def build(cls, config: GatewayConfig, name: str, caller: CallerKind = "direct") -> ScopePlan:
         scope = config.scopes[name]
         return cls(
             name=name,
@@ -93,7 +114,7 @@ class ScopePlan:
             backoff_max_s=scope.backoff_max_s,
             poll_interval_s=scope.poll_interval_s,
             retry_after_cap_s=scope.retry_after_cap_s,
-            outage_is_waiting=scope.outage_is_waiting,
+            outage_charge=outage_charge(scope.outage_is_waiting, caller),
             same_source_retries=scope.same_source_retries,
             wait_out_retry_after_s=scope.wait_out_retry_after_s,
         )

@@ -138,6 +138,24 @@ MUTATIONS = (
         ("tests/unit/governance/test_outage_is_waiting.py",),
     ),
     Mutation(
+        "direct-caller-burns-budget",
+        "a direct call's failures that nothing tells from an outage burn its retry budget "
+        "(rule 15 as amended)",
+        "polygate_celery/governance/plan.py",
+        '        return "waiting" if caller == "task" else "waiting_if_breaker_open"\n',
+        '        return "waiting"\n',
+        ("tests/unit/governance/test_direct_caller.py",),
+    ),
+    Mutation(
+        "direct-caller-open-breaker",
+        "a direct call's failure that finds its source's breaker open is waiting (rule 15 "
+        "as amended)",
+        "polygate_celery/governance/loop.py",
+        '        return snapshot.breaker != "closed"\n',
+        "        return False\n",
+        ("tests/unit/governance/test_direct_caller.py",),
+    ),
+    Mutation(
         "countdown-strategy",
         'deferral.strategy = "countdown" defers by countdown, not into the parking lot',
         "polygate_celery/celery/deferral.py",

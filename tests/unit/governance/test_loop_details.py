@@ -282,7 +282,7 @@ async def test_a_success_at_the_very_instant_a_call_began_is_not_progress_since(
     source = ScriptedSource(
         clock, [steps.ok("other"), steps.server_error(duration_s=1.0), steps.ok("mine")]
     )
-    gw = gateway(make_config("chat", max_attempts=1), {"a": source})
+    gw = gateway(make_config("chat", max_attempts=1), {"a": source}, caller="task")
     assert (await gw.call("s", "other")).value == "other"  # succeeds at t=0
     result = await gw.call("s", "mine")  # begins at t=0, fails at t=1
     assert result.value == "mine"

@@ -1,4 +1,6 @@
-"""An outage is waiting, not the request's failure (SPEC §3 rule 15), with default settings.
+"""An outage is waiting, not the request's failure (SPEC §3 rule 15), with default settings,
+in a governed Celery task (``caller="task"``: it parks); a direct caller's side of the rule
+is in `test_direct_caller.py`.
 
 Every source of the scope down for longer than the stall window: every call ends
 `stalled` (its task defers), however many are in flight, and whether the source
@@ -9,6 +11,7 @@ own (the source keeps serving other calls) still ends `retry_exhausted`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 from collections import Counter
@@ -23,6 +26,12 @@ from tests.conftest import GatewayFactory, make_config
 from tests.unit.governance.outage_sources import DownBetween
 
 CONCURRENCY = (1, 4, 8, 16, 200)
+
+
+@pytest.fixture
+def gateway(gateway: GatewayFactory) -> GatewayFactory:
+    """A gateway as a Celery worker builds it: its callers are tasks, which park."""
+    return functools.partial(gateway, caller="task")
 
 
 class Refusing:

@@ -63,7 +63,8 @@ async def test_after_transient_failure_next_attempt_prefers_another_source(
 ) -> None:
     a = ScriptedSource(clock, [steps.server_error(status=503)] * 2 + [steps.ok("a")])
     b = ScriptedSource(clock, [steps.timeout(), steps.ok("b")])
-    gw = gateway(make_config("ocr", TWO), {"a": a, "b": b})
+    # four attempts: a direct call's three failures here all burn its retry budget
+    gw = gateway(make_config("ocr", TWO, max_attempts=4), {"a": a, "b": b})
 
     result = await gw.call("s", "x")
 

@@ -62,3 +62,14 @@ def test_a_scopes_settings_reach_its_plan() -> None:
     assert plan.sources == ("own", "shared")
     assert [t.name for t in plan.candidates] == ["own", "shared"]
     assert plan.terms["shared"] == source_terms(CONFIG, "shared")
+
+
+def test_outage_is_waiting_unset_is_chosen_by_the_caller_and_set_holds_for_both() -> None:
+    """SPEC §3 rule 15 as amended: waiting by default only where it is cheap (a task)."""
+    assert ScopePlan.build(CONFIG, "s").outage_charge == "waiting_if_breaker_open"
+    assert ScopePlan.build(CONFIG, "s", "task").outage_charge == "waiting"
+    for setting, charge in ((True, "waiting"), (False, "retry_budget")):
+        config = CONFIG.model_copy(deep=True)
+        config.scopes["s"].outage_is_waiting = setting
+        assert ScopePlan.build(config, "s").outage_charge == charge
+        assert ScopePlan.build(config, "s", "task").outage_charge == charge
