@@ -31,17 +31,17 @@ from kombu.exceptions import (
     SerializerNotInstalled,
 )
 
-# The fields `publish_message` reads from an entry.
-MESSAGE_FIELDS = (
-    "body",
+# What a message keeps of Celery's publish arguments (the rest is per-publish plumbing).
+PUBLISH_FIELDS = (
     "exchange",
     "routing_key",
     "serializer",
     "compression",
     "delivery_mode",
     "headers",
-    "properties",
 )
+# The fields `publish_message` reads from an entry.
+MESSAGE_FIELDS = ("body", *PUBLISH_FIELDS, "properties")
 # Keyword arguments of kombu's `Producer.publish` that a message's properties must not
 # repeat (a second value is a TypeError at publish) or set (a content type of its own
 # would publish the body unserialized).

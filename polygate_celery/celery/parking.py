@@ -54,7 +54,12 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from polygate_celery.celery.parked_message import entry_error, malformed, no_route
+from polygate_celery.celery.parked_message import (
+    PUBLISH_FIELDS,
+    entry_error,
+    malformed,
+    no_route,
+)
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.core.backoff import backoff_delay
 from polygate_celery.errors import GovernanceBackendError
@@ -62,15 +67,6 @@ from polygate_celery.store.redis import KeySpace, LuaScript, lua_text, run_scrip
 
 logger = logging.getLogger("polygate_celery")
 TRANSIENT_BROKER_ERRORS = (OperationalError, ConnectionError, OSError, TimeoutError)
-# What a message keeps of Celery's publish arguments (the rest is per-publish plumbing).
-_PUBLISH_FIELDS = (
-    "exchange",
-    "routing_key",
-    "serializer",
-    "compression",
-    "delivery_mode",
-    "headers",
-)
 _PLUMBING = {"retry", "retry_policy", "declare", "timeout", "confirm_timeout"}
 RELEASE_BACKOFF_MAX_S = 30.0  # the longest pause of a release loop that keeps failing
 PROBE_LOOK_S = 1.0  # how often a release loop looks for a scope to probe
@@ -109,7 +105,7 @@ class _CapturingProducer:
     def publish(self, body: Any, **kwargs: Any) -> None:
         if self.message is not None:
             return  # published after the task message (a task-sent event): not the task
-        fields = {name: kwargs.pop(name, None) for name in _PUBLISH_FIELDS}
+        fields = {name: kwargs.pop(name, None) for name in PUBLISH_FIELDS}
         properties = {k: v for k, v in kwargs.items() if k not in _PLUMBING}
         self.message = {"body": body, **fields, "properties": properties}
 
