@@ -43,11 +43,12 @@ class Gateway:
     then end `stalled` at once, bar one probe at a time, until a success or
     the time passes (what a Celery worker wants: tasks defer at once instead
     of each waiting out a stall window). `caller` says who makes the calls
-    (SPEC §3 rule 15): "direct" (the default) for code that awaits them and
-    cannot park, whose transient failures on a scope that shows no progress
-    burn the retry budget unless their source's breaker is open; "task" for
-    governed Celery tasks, which park, so those failures are charged to
-    waiting. A scope's `outage_is_waiting`, when set, holds for both.
+    (SPEC §3 rule 15): "direct" for code that awaits them and cannot park,
+    whose transient failures on a scope that shows no progress burn the retry
+    budget unless their source's breaker is open; "task" for governed Celery
+    tasks, which park, so those failures are charged to waiting. Unset, it is
+    "task" with `scope_gate` (only a caller that parks closes a gate) and
+    "direct" without. A scope's `outage_is_waiting`, when set, holds for both.
     Pass a `VirtualClock` and ``random=lambda: 0.0`` to run deterministically in
     virtual time.
     """
@@ -62,7 +63,7 @@ class Gateway:
         random: Callable[[], float] | None = None,
         hooks: Sequence[TelemetryHook] = (),
         scope_gate: bool = False,
-        caller: CallerKind = "direct",
+        caller: CallerKind | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
@@ -79,7 +80,8 @@ class Gateway:
         missing = sorted(used - set(sources))
         if missing:
             raise ConfigError(f"sources.{missing[0]}", "no adapter was given for this source")
-        self._plans = {name: ScopePlan.build(config, name, caller) for name in config.scopes}
+        kind: CallerKind = caller or ("task" if scope_gate else "direct")
+        self._plans = {name: ScopePlan.build(config, name, kind) for name in config.scopes}
         self._runtime = Runtime(
             store=self.store,
             clock=self.clock,

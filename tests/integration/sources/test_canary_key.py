@@ -21,7 +21,9 @@ FAULTS = [m for m in MODELS if m not in {"ok", "fallback", "slow"}]
 async def test_the_canary_key_never_leaks(
     provider: SimulatedProvider, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included
+    caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included, even
+    for name in ("httpx", "httpcore"):  # where a worker's start quieted them earlier
+        caplog.set_level(logging.DEBUG, logger=name)
     events: list[Event] = []
     seen: list[str] = []
     for fault in FAULTS:
