@@ -59,27 +59,10 @@ class RuntimeParts:
 
 _parts: dict[int, RuntimeParts] = {}
 
-# A governed task's stall window when the configuration leaves it unset (SPEC §3 rule 16):
-# a task that meets an outage parks after about a minute instead of holding its worker
-# slot for the Gateway's 300 s, and waits in the parking lot instead.
-GOVERNED_STALL_WINDOW_S = 60.0
-
 
 def governed_config(config: GatewayConfig) -> GatewayConfig:
-    """`config` as governed tasks run it: each scope whose `stall_window_s` was not set
-    (neither in the scope nor in `scope_defaults`) gets `GOVERNED_STALL_WINDOW_S` (never
-    less than its sources' largest `ttft_timeout_s`); a window set explicitly is kept."""
-    changed = {}
-    for name, scope in config.scopes.items():
-        if "stall_window_s" in scope.model_fields_set:
-            continue
-        ttfts = [config.sources[s].ttft_timeout_s for s in scope.sources if s in config.sources]
-        window = max([GOVERNED_STALL_WINDOW_S, *(t for t in ttfts if t is not None)])
-        if window < scope.stall_window_s:
-            changed[name] = scope.model_copy(update={"stall_window_s": window})
-    if not changed:
-        return config
-    return config.model_copy(update={"scopes": {**config.scopes, **changed}})
+    """`config` as governed tasks run it (`GatewayConfig.for_governed_tasks`)."""
+    return config.for_governed_tasks()
 
 
 def set_runtime_parts(app: Celery, parts: RuntimeParts | None) -> None:

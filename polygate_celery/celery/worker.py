@@ -58,8 +58,10 @@ PUBLISH_RETRY_POLICY = {
 
 
 def time_limits(config: GatewayConfig, calls_per_task: int, extra_s: float) -> tuple[float, float]:
-    """(soft, hard) task time limits: the worst case of `calls_per_task` governed calls."""
-    worst = max((config.max_call_s(name) for name in config.scopes), default=0.0)
+    """(soft, hard) task time limits: the worst case of `calls_per_task` governed calls,
+    each with the stall window a governed task runs with (`for_governed_tasks`)."""
+    governed = config.for_governed_tasks()
+    worst = max((governed.max_call_s(name) for name in governed.scopes), default=0.0)
     soft = calls_per_task * worst + extra_s
     return soft, soft + max(30.0, 0.1 * soft)
 

@@ -131,6 +131,7 @@ def effective_configuration(config: GatewayConfig) -> str:
         sections.append(_section(f"sources.{name}", _entries(source, resolved, notes)))
     for name, quota in config.quotas.items():
         sections.append(_section(f"quotas.{name}", _entries(quota)))
+    governed = config.for_governed_tasks()
     for name, scope in config.scopes.items():
         default_exempt = policy_for(scope.kind).rate_limit_exempt
         resolved = {
@@ -140,7 +141,14 @@ def effective_configuration(config: GatewayConfig) -> str:
             ),
             "rate_limit_exempt": (default_exempt, f"the default for {scope.kind}"),
         }
-        sections.append(_section(f"scopes.{name}", _entries(scope, resolved)))
+        notes = {}
+        task_window = governed.scopes[name].stall_window_s
+        if task_window != scope.stall_window_s:
+            notes["stall_window_s"] = (
+                f"unset: a direct Gateway call's; governed tasks use {task_window:g} s "
+                f"(max_call_s {governed.max_call_s(name):g} s)"
+            )
+        sections.append(_section(f"scopes.{name}", _entries(scope, resolved, notes)))
     return "\n\n".join(s for s in sections if s)
 
 

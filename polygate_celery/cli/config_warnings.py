@@ -49,17 +49,25 @@ def _store(config: GatewayConfig) -> list[Advice]:
 
 def _scopes(config: GatewayConfig) -> list[Advice]:
     found = []
+    governed = config.for_governed_tasks()
     for name, scope in config.scopes.items():
         sources = [config.sources[s] for s in scope.sources]
         if len(scope.sources) == 1:
             only = scope.sources[0]
+            task_window = governed.scopes[name].stall_window_s
+            windows = (
+                f"{scope.stall_window_s:g} s"
+                if task_window == scope.stall_window_s
+                else f"{task_window:g} s in a governed task, {scope.stall_window_s:g} s "
+                "in a direct Gateway call"
+            )
             found.append(
                 Advice(
                     f"scope {name!r} has one source ({only!r}) and no fallback",
                     f"While {only} is paused, its breaker is open or its quota is spent, "
-                    f"every call of {name} waits; after stall_window_s "
-                    f"({scope.stall_window_s:g} s) with no success in the scope it ends "
-                    "stalled (a Celery task is deferred). Add a second source to fail over to.",
+                    f"every call of {name} waits; after its stall window ({windows}) "
+                    "with no success in the scope it ends stalled (a Celery task is "
+                    "deferred). Add a second source to fail over to.",
                 )
             )
         worst = max(s.timeout_s for s in sources)

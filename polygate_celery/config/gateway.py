@@ -20,6 +20,11 @@ from polygate_celery.config.models import (
 )
 from polygate_celery.errors import ConfigError
 
+# A governed task's stall window when the configuration leaves it unset (SPEC §3 rule 16):
+# a task that meets an outage parks after about a minute instead of holding its worker
+# slot for a direct caller's 300 s, and waits in the parking lot instead.
+GOVERNED_STALL_WINDOW_S = 60.0
+
 
 class GatewayConfig(_Strict):
     """Sources, shared quotas and scopes. `*_defaults` apply under every entry."""
@@ -90,6 +95,23 @@ class GatewayConfig(_Strict):
         if problems:
             raise ConfigError(problems[0][0], problems[0][1], problems)
         return self
+
+    def for_governed_tasks(self) -> GatewayConfig:
+        """This configuration as governed tasks run it: each scope whose `stall_window_s`
+        was not set (neither in the scope nor in `scope_defaults`) gets
+        `GOVERNED_STALL_WINDOW_S` (never less than its sources' largest `ttft_timeout_s`);
+        a window set explicitly is kept."""
+        changed = {}
+        for name, scope in self.scopes.items():
+            if "stall_window_s" in scope.model_fields_set:
+                continue
+            ttfts = [self.sources[s].ttft_timeout_s for s in scope.sources if s in self.sources]
+            window = max([GOVERNED_STALL_WINDOW_S, *(t for t in ttfts if t is not None)])
+            if window < scope.stall_window_s:
+                changed[name] = scope.model_copy(update={"stall_window_s": window})
+        if not changed:
+            return self
+        return self.model_copy(update={"scopes": {**self.scopes, **changed}})
 
     def max_call_s(self, scope: str) -> float:
         """The scope's hard call deadline, derived when not set."""

@@ -37,8 +37,9 @@ def test_the_worker_settings_are_computed_without_a_broker(cli: Cli, local_confi
     out = cli("check-config", local_config, "--calls-per-task", "2", *redis).out
     assert "[worker]  # what configure_worker(app, config, calls_per_task=2) sets" in out
     assert "for broker redis://:***@127.0.0.1:6379/0" in out
-    # The worst scope: 3 attempts x 60 s + 2 x 300 s = 780 s; two calls and 60 s more.
-    assert re.search(r"governed tasks' soft_time_limit +\= 1620\.0  # each governed task", out)
+    # The worst scope as a governed task runs it: 3 attempts x 60 s + 2 x 60 s (the window
+    # governed tasks take when it is unset) = 300 s; two calls and 60 s more.
+    assert re.search(r"governed tasks' soft_time_limit +\= 660\.0  # each governed task", out)
     assert "task_soft_time_limit" not in out  # plain tasks keep Celery's (none)
     assert "task_acks_late" in out
     assert "broker_transport_options" in out
@@ -52,12 +53,13 @@ def test_the_worker_settings_for_rabbitmq(cli: Cli, local_config: str) -> None:
     assert re.search(r"\nbroker_transport_options +\= \{ confirm_publish = true \}\n", out)
     assert "visibility_timeout" not in out
     assert "pw-9d1e" not in out
-    # The worst scope, 780 s, three times: a hard limit of 2,400 + 240 s > 1,800 s.
-    three = ("check-config", local_config, "--broker", "amqp://rabbit//", "--calls-per-task", "3")
-    refused = cli(*three)
+    # The worst scope as a governed task runs it, 300 s, six times: a hard limit of
+    # 1,860 + 186 s > 1,800 s.
+    six = ("check-config", local_config, "--broker", "amqp://rabbit//", "--calls-per-task", "6")
+    refused = cli(*six)
     assert refused.code == 2
     assert "consumer_timeout_s: RabbitMQ's consumer_timeout (1800 s)" in refused.err
-    raised = cli(*three, "--consumer-timeout-s", "3600")
+    raised = cli(*six, "--consumer-timeout-s", "3600")
     assert raised.code == 0
 
 

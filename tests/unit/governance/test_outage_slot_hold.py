@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from polygate_celery import AllSourcesExhausted
-from polygate_celery.celery.runtime import GOVERNED_STALL_WINDOW_S, governed_config
+from polygate_celery.celery.runtime import governed_config
 from polygate_celery.config import parse_config
+from polygate_celery.config.gateway import GOVERNED_STALL_WINDOW_S
 from polygate_celery.testing import VirtualClock
 from tests.conftest import GatewayFactory, make_config
 from tests.unit.governance.test_outage_is_waiting import Refusing
