@@ -177,7 +177,7 @@ def _sources_of(verdict: GatewayUnavailableError) -> str:
     """The sources the verdict's call tried, in order, for the deferral's log line."""
     trail = verdict.trail if isinstance(verdict, AllSourcesExhausted) else ()
     names = list(dict.fromkeys(record.source for record in trail))
-    return ", ".join(names) if names else "none tried: the gate refused it"
+    return ", ".join(names) if names else "none tried: refused before sending"
 
 
 def _last_error_of(verdict: GatewayUnavailableError) -> str:

@@ -189,6 +189,7 @@ class GovernedCall:
         self.reopen_at: float | None = None
         self.reopen_is_reset = False  # reopen_at is when rate limits reset, not a guess
         self.last_error: str | None = None
+        self.fleet_error = False  # last_error is the fleet's evidence, not this call's own
         self.call_id = next(_permit_ids)
         self.gated = False
         self.refused = False  # refused since its last grant: it may be in a store's queue
@@ -247,6 +248,8 @@ class GovernedCall:
                 if isinstance(admission, Denial):
                     self.refused = True
                     self.booked = self.booked or admission.booked_in_s is not None
+                    if admission.errors:
+                        self._note_fleet_error(admission.errors)
                     if admission.gated_for_s is not None:
                         self._refused_by_gate(
                             admission.gated_for_s, admission.gated_reset, admission.gated_error
@@ -609,6 +612,16 @@ class GovernedCall:
 
     # -- verdicts ----------------------------------------------------------------
 
+    def _note_fleet_error(self, errors: Sequence[tuple[str, str]]) -> None:
+        """A call that met no error of its own names the fleet's evidence: the last error
+        on record of the best source its breaker or a pause refused it at (the verdict,
+        the gate's line, the deferral's line and a spent deferral budget then say what
+        the provider did, though this call sent nothing)."""
+        if self.last_error is None or self.fleet_error:
+            source, error = errors[0]
+            self.last_error = f"{source}: {error}"
+            self.fleet_error = True
+
     def _refused_by_gate(self, gated_for_s: float, reset: bool, error: str | None) -> None:
         """The scope was judged stalled and another call is probing it: defer at once,
         naming the closing verdict's last error unless this call met one of its own."""
@@ -645,6 +658,7 @@ class GovernedCall:
     def _judge_failure(self, source: str, outcome: Outcome, charged: bool) -> None:
         """Count a failed attempt against the budget, or raise the verdict it settles."""
         self.last_error = f"{source}: {_error_text(outcome)}"
+        self.fleet_error = False
         if outcome.kind is OutcomeKind.FATAL:
             raise SourceFatalError(
                 outcome.reason or "fatal", self.plan.name, source, outcome.status, self.trail

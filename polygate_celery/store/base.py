@@ -67,12 +67,16 @@ class Grant:
 
     `lease_s` is set when the permit is a lease that expires unless renewed
     (the Redis store): the holder renews it while its attempt runs.
+    `probe` says the permit is its source's half-open probe, the one request the
+    breaker lets through after its cooldown (the store that granted it logged the
+    breaker's turn to half-open, once fleet-wide).
     """
 
     source: str
     permit_id: str
     admitted_at: float
     lease_s: float | None = None
+    probe: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,10 @@ class Denial:
     `AdmitRequest.book_within_s`): it may ask again that much later and be admitted.
     `gated_error` is the last error of the verdict that closed the gate: a call the
     gate refuses names it, as its own verdict's last error.
+    `errors` holds ``(source, last error)`` for each candidate refused by its breaker
+    (open, or half-open with its probe in flight) or by a pause whose failure the
+    store keeps (the classified text a settle recorded, e.g. ``"transient: connection
+    refused"``): a call refused before it sent anything names the fleet's evidence.
     """
 
     reopen_in_s: float | None
@@ -96,6 +104,7 @@ class Denial:
     gated_reset: bool = False
     booked_in_s: float | None = None
     gated_error: str | None = None
+    errors: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +118,10 @@ class Settlement:
     (0 refunds the estimate). `limits`, the provider's own rate-limit headers,
     teach the source's learned quota (`core.quota.learned_tat`). `error` says
     what a failed attempt met (``"transient (HTTP 503): connection refused"``,
-    classified and redacted): the log line of a state change it causes names it.
+    classified and redacted): the log line of a state change it causes names it, and
+    the store keeps it as the source's last error when the settle records a failure
+    (a held permit's transient or credentials failure) or a pause; a success while
+    no pause runs forgets it (`Denial.errors`).
     """
 
     scope: str

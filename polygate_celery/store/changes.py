@@ -5,7 +5,10 @@ again: each is decided by one atomic settle, so the process whose settle made
 the change is the one that says so, and the fleet's logs hold the line once
 instead of once per worker that noticed. The settle reports what changed
 (`SettleChanges`); the line names the source and the attempt's error (its
-classified kind, status and reason, never a provider body or a key).
+classified kind, status and reason, never a provider body or a key). A breaker
+turning half-open is decided by the one admission that takes its probe, so the
+process that admitted the probe says so (`log_half_open`), naming the source's
+last error on record.
 """
 
 from __future__ import annotations
@@ -71,3 +74,15 @@ def log_changes(settlement: Settlement, changes: SettleChanges) -> None:
             settlement.scope,
             name,
         )
+
+
+def log_half_open(source: str, open_for_s: float | None, error: str | None) -> None:
+    """The breaker of `source` turned half-open: this admission took its one probe, after
+    it was open `open_for_s` (None: not on record). `error` is the source's last error."""
+    after = f"after {open_for_s:.0f} s open" if open_for_s is not None else "after its cooldown"
+    logger.warning(
+        "source %r breaker half-open: one probe request %s (last error: %s)",
+        source,
+        after,
+        error or "none",
+    )

@@ -52,7 +52,12 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
-from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
+from polygate_celery.store.changes import (
+    BreakerChange,
+    SettleChanges,
+    log_changes,
+    log_half_open,
+)
 from polygate_celery.store.releases import ReleaseHub, Watch
 
 # How long a gate that opened by time stays on record as its scope's stall (as gate.lua's
@@ -60,6 +65,10 @@ from polygate_celery.store.releases import ReleaseHub, Watch
 GATE_KEPT_S = 60.0
 
 PROGRESS_TTL_S = 3600.0
+
+# The refusals that say something of the source's health: a refused call is told its
+# last error (`Denial.errors`).
+_HEALTH_BLOCKS: frozenset[BlockReason] = frozenset({"paused", "breaker_open", "probe_in_flight"})
 
 
 @dataclass
@@ -127,6 +136,9 @@ class _SourceState:
     handed: dict[str, float] = field(default_factory=dict)
     # Quota slots booked by waiting calls: call id -> [slot, end of its claim].
     booked: dict[str, list[float]] = field(default_factory=dict)
+    # The source's last error (as settle.lua keeps it), and when its breaker last opened.
+    error: str | None = None
+    opened_at: float | None = None
 
     def booking(self, call_id: str, now: float) -> list[float] | None:
         """The call's booking here, unless it lapsed (then it is dropped)."""
@@ -194,6 +206,19 @@ def _bookable(terms: SourceTerms) -> bool:
     return terms.quota is None or terms.quota.rpm is None or terms.quota.rpm_window != "sliding"
 
 
+def _take_breaker(
+    name: str, state: _SourceState, breaker: BreakerState, permit_id: str, now: float
+) -> bool:
+    """Keep the breaker's state after admitting `permit_id` at source `name`: whether the
+    permit is its half-open probe (an admission that turned it half-open says so)."""
+    probe = breaker.probe == permit_id and state.breaker.probe != permit_id
+    if probe and state.breaker.mode == "open":
+        opened = None if state.opened_at is None else now - state.opened_at
+        log_half_open(name, opened, state.error)
+    state.breaker = breaker
+    return probe
+
+
 class MemoryStore:
     """The store protocol on plain dictionaries, for a single process."""
 
@@ -256,6 +281,7 @@ class MemoryStore:
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
         now = self._clock.now()
         blocked: list[tuple[str, BlockReason]] = []
+        errors: list[tuple[str, str]] = []
         reopen: list[float] = []
         for terms in request.candidates:  # a repeated admit returns its first grant
             if request.permit_id in self._source(terms).permits:
@@ -274,7 +300,9 @@ class MemoryStore:
                 booked.append(booking)
             reasons: list[BlockReason] = []
             known: list[float] = []
-            breaker = self._source_reasons(terms, state, request.permit_id, now, reasons, known)
+            breaker = self._source_reasons(
+                terms, state, request.permit_id, now, reasons, known, errors
+            )
             quota, learned = self._quota_reasons(
                 terms, state, booking, request, now, reasons, known
             )
@@ -291,7 +319,7 @@ class MemoryStore:
                     bookable.append((terms, state))
                 continue
             assert breaker is not None
-            state.breaker = breaker
+            probe = _take_breaker(terms.name, state, breaker, request.permit_id, now)
             if booking is not None:  # paid when booked
                 state.permits.add(request.permit_id)
             else:
@@ -304,7 +332,7 @@ class MemoryStore:
                     other_state.booked.pop(waiter, None)  # (one elsewhere lapses unused)
                     if other_state.handed.pop(waiter, None) is not None:
                         self._hand_on(other.name, other_state, now)
-            return Grant(terms.name, request.permit_id, now)
+            return Grant(terms.name, request.permit_id, now, probe=probe)
         ahead = [b[0] - now for b in booked if b[0] > now + BOOKING_SLACK_S]
         booked_in_s = min(ahead) if ahead else None
         if waiter is not None and bookable and not booked and request.book_within_s > 0:
@@ -315,6 +343,7 @@ class MemoryStore:
             reopen_in_s=min(reopen) if reopen else None,
             blocked=tuple(blocked),
             booked_in_s=booked_in_s,
+            errors=tuple(errors),
         )
 
     def _source_reasons(
@@ -325,8 +354,10 @@ class MemoryStore:
         now: float,
         reasons: list[BlockReason],
         known: list[float],
+        errors: list[tuple[str, str]],
     ) -> BreakerState | None:
-        """The pause's, the breaker's and the cap's say (as `_quota_reasons`): the breaker's
+        """The pause's, the breaker's and the cap's say (as `_quota_reasons`; the source's
+        last error goes into `errors` where its pause or breaker refuses): the breaker's
         state if it admits."""
         if state.paused_until > now:
             reasons.append("paused")
@@ -337,6 +368,8 @@ class MemoryStore:
             reasons.append("breaker_open" if opens is not None else "probe_in_flight")
             if opens is not None:
                 known.append(opens - now)
+        if state.error is not None and not _HEALTH_BLOCKS.isdisjoint(reasons):
+            errors.append((terms.name, state.error))
         if state.in_use(now) >= self._limit(state, terms):
             reasons.append("at_capacity")
         return breaker
@@ -450,6 +483,8 @@ class MemoryStore:
             paused_for_s=pause if pause is not None and pause > 0 and paused_until <= now else None,
             gate_opened=had_gate and settlement.scope not in self._gates,
         )
+        if change in ("opened", "reopened"):
+            state.opened_at = now
         if changes != SettleChanges():
             log_changes(settlement, changes)
         return held
@@ -463,9 +498,18 @@ class MemoryStore:
         # success shows (the source serves: breaker closed, AIMD increase, progress).
         # A failure's breaker count and AIMD decrease, and the token settlement, belong
         # to the permit's own accounting.
-        if settlement.pause_s is not None and settlement.pause_s > 0:
+        paused = settlement.pause_s is not None and settlement.pause_s > 0
+        if paused:
+            assert settlement.pause_s is not None
             state.paused_until = max(state.paused_until, now + settlement.pause_s)
         held = settlement.permit_id in state.permits
+        # The source's last error (as settle.lua keeps it): what it said as a pause began,
+        # or a held permit's failure; a success while no pause runs ends it.
+        failed = held and settlement.effect in (Effect.FAILURE, Effect.AUTH_FAILURE)
+        if settlement.error and (paused or failed):
+            state.error = settlement.error
+        elif settlement.effect is Effect.SUCCESS and state.paused_until <= now:
+            state.error = None
         if held:  # the estimate first, then the announcement (a floor on what is spent)
             state.learned.settle_tokens(
                 now, settlement.admitted_at, settlement.est_tokens, settlement.used_tokens
@@ -565,6 +609,7 @@ class MemoryStore:
             state.breaker = BreakerState()
             state.aimd = None  # back to the initial limit on next use, from the terms
             state.paused_until = -math.inf
+            state.error = state.opened_at = None
 
     async def gate_closed_for_s(self, scope: str) -> float:
         gate = self._gates.get(scope)

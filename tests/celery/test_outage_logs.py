@@ -1,5 +1,7 @@
-"""What a worker's log says of an outage: each state change once, with the source's error,
-the task parked (not dropped), its recovery; and no transport line per request."""
+"""What a worker's log says of an outage: each state change once, with the source's error
+(also where the call that met the change sent nothing: the fleet's evidence), the task
+parked (not dropped), the breaker's probe, its recovery; and no transport line per
+request."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import redis as sync_redis
 from polygate_celery.celery.worker import quiet_transport_loggers
 from polygate_celery.errors import DeferralBudgetExceeded
 from polygate_celery.testing.simulator import SimulatedProvider
-from tests.celery.app import app, ask
+from tests.celery.app import app, ask, ask_in
 from tests.celery.conftest import MODELS, Worker, config_data
 from tests.celery.workers import celery_worker
 
@@ -77,18 +79,25 @@ def test_an_outage_is_logged_once_per_change_and_success_quietly(
         deferral={"max_delay_s": 120},  # a parked task waits out the breaker's estimate
     )
     settings["sources"]["main"]["breaker"] = {"cooldown_s": COOLDOWN_S}
+    # A second scope on the same source: its calls meet the breaker the first one opened.
+    settings["scopes"]["side"] = {**settings["scopes"]["chat"]}
     log = tmp_path / "worker.log"
     app.conf.update(broker_url=broker, result_backend=broker, task_default_queue="polygate-tests")
     with celery_worker(settings, broker, tmp_path, loglevel="INFO", logfile=log):
         down = ask.delay("during the outage")
-        text = wait_for(log, rf"{down.id} PARKED")
+        wait_for(log, rf"{down.id} PARKED")
+        wait_for(log, r"source 'main' is failing")
+        side = ask_in.delay("side", "refused by the open breaker")  # its gate is open
+        wait_for(log, rf"{side.id} PARKED")
         gated = ask.delay("refused by the closed gate")
-        text = wait_for(log, rf"{gated.id} PARKED")
+        wait_for(log, rf"{gated.id} PARKED")
         with SimulatedProvider(MODELS, port=closed_port):  # the source answers again
             assert down.get(timeout=120) == "fine"
             assert gated.get(timeout=120) == "fine"
+            assert side.get(timeout=120) == "fine"
             assert ask.delay("after it").get(timeout=60) == "fine"
-            text = wait_for(log, r"scope 'chat' answers again")
+            wait_for(log, r"scope 'chat' answers again")
+            wait_for(log, r"scope 'side' answers again")
             time.sleep(1.0)  # the last lines reach the file
             text = log.read_text()
     lines = text.splitlines()
@@ -114,11 +123,25 @@ def test_an_outage_is_logged_once_per_change_and_success_quietly(
     parked = first(f"task {down.id} PARKED, not dropped: scope 'chat' stalled")
     assert f"(sources: main; last error: {REFUSED})" in parked
     ignored = first(f"Task tests.celery.app.ask[{down.id}] ignored")
-    # Refused by the gate, or its probe refused by the open breaker: nothing tried.
-    assert "(sources: none tried" in first(f"task {gated.id} PARKED, not dropped: scope 'chat'")
+    # Refused by the gate, or its probe refused by the open breaker: nothing tried, and
+    # the last error is the fleet's (the gate's, the breaker's), never "none".
+    refused = f"(sources: none tried: refused before sending; last error: {REFUSED})"
+    assert refused in first(f"task {gated.id} PARKED, not dropped: scope 'chat' stalled")
+    # Scope 'side' never sent a request: the open breaker refused it, and said why.
+    side_closed = once("scope 'side' stalled (last error")
+    assert "WARNING" in side_closed
+    assert f"last error: {REFUSED}" in side_closed
+    assert refused in first(f"task {side.id} PARKED, not dropped: scope 'side' stalled")
+    assert "last error: none" not in text
+    half_open = once("source 'main' breaker half-open: one probe request after")
+    assert "WARNING" in half_open
+    assert "(last error: transient: connection refused)" in half_open
     assert lines.index(parked) < lines.index(ignored)  # read next to each other
-    assert "INFO" in once("source 'main' recovered: a request succeeded; breaker closed")
+    recovered = once("source 'main' recovered: a request succeeded; breaker closed")
+    assert "INFO" in recovered
+    assert lines.index(opened) < lines.index(half_open) < lines.index(recovered)
     assert "INFO" in once("scope 'chat' answers again (source 'main' succeeded)")
+    assert "INFO" in once("scope 'side' answers again (source 'main' succeeded)")
     assert "still failing" not in text  # the provider was back before the probe
     assert "HTTP Request" not in text  # three successes, no transport line
     assert "sk-" not in text

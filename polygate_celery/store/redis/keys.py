@@ -29,8 +29,10 @@ ones stop. Keys (``{t}``: the key's tag, ``{p}``: the fleet tag)::
                                             a release hands its permit to
     {t}:v1:src:<source>:alive       ZSET    waiting call -> the end of its claim (each
                                             poll renews it: a dead waiter drops out)
-    {t}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
-                                            AIMD (limit, last_decrease), paused_until,
+    {t}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe,
+                                            opened_at), AIMD (limit, last_decrease),
+                                            paused_until, error (the last failure's or
+                                            pause's classified error, for log lines),
                                             learned quota (lrpm lreq ltpm ltok: the
                                             provider's announced limits, GCRA times)
     {t}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)

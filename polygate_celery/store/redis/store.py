@@ -48,7 +48,12 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
 )
-from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
+from polygate_celery.store.changes import (
+    BreakerChange,
+    SettleChanges,
+    log_changes,
+    log_half_open,
+)
 from polygate_celery.store.redis.connect import (
     AsyncClient,
     cluster_node_client,
@@ -249,11 +254,23 @@ class RedisStore:
         )
         reply = await self._send("admit", self._admit_command(request), args)
         try:
-            if int(reply[0]) == 1:
-                for call_id, source in zip(reply[3::2], reply[4::2], strict=True):
+            kind = int(reply[0])
+            if kind in (1, 4):  # 4: the source's half-open probe (turned, open_s, error)
+                handed = reply[6:] if kind == 4 else reply[3:]
+                for call_id, source in zip(handed[::2], handed[1::2], strict=True):
                     self._releases.wake_call(str(call_id), str(source))  # handed on, here
-                return Grant(str(reply[1]), request.permit_id, float(reply[2]), self.lease_s)
-            if int(reply[0]) == 2:
+                if kind == 4 and str(reply[3]) == "1":  # this admission turned it half-open
+                    log_half_open(
+                        str(reply[1]), float(reply[4]) if reply[4] else None, str(reply[5]) or None
+                    )
+                return Grant(
+                    str(reply[1]),
+                    request.permit_id,
+                    float(reply[2]),
+                    self.lease_s,
+                    probe=kind == 4,
+                )
+            if kind == 2:
                 gated = float(reply[1])
                 said = str(reply[3]) if len(reply) > 3 else ""
                 return Denial(
@@ -265,17 +282,20 @@ class RedisStore:
                 )
             if waits != b"0":
                 self._listen_for_releases()  # someone here is about to wait
-            booked = int(reply[0]) == 3  # then the slot it booked comes next
+            booked = kind == 3  # then the slot it booked comes next
             named = reply[3:] if booked else reply[2:]
+            names, said = named[::3], named[2::3]
             reasons: list[tuple[str, BlockReason]] = [
-                (str(name), reason) for name, reason in zip(named[::2], named[1::2], strict=True)
+                (str(name), reason) for name, reason in zip(names, named[1::3], strict=True)
             ]
+            errors = tuple((str(name), str(e)) for name, e in zip(names, said, strict=True) if e)
             if waits != b"0" and any(reason == "at_capacity" for _, reason in reasons):
                 self._releases.note_queued(request.call_id)
             return Denial(
                 float(reply[1]) if reply[1] else None,
                 tuple(reasons),
                 booked_in_s=float(reply[2]) if booked else None,
+                errors=errors,
             )
         except _REPLY_ERRORS as exc:
             raise GovernanceBackendError(f"admit: unexpected reply {reply!r}") from exc
@@ -293,6 +313,7 @@ class RedisStore:
             str(settlement.used_tokens).encode(),
             _fmt(settlement.admitted_at).encode(),
             *_announced(settlement.limits),
+            (settlement.error or "").encode(),
         )
         reply = await self._send("settle", self._settle_command(settlement.scope, terms), args)
         if isinstance(reply, list):  # a state change, which this process logs for the fleet

@@ -62,17 +62,26 @@ async def test_a_failed_probe_warns_again_and_a_success_recovers_once(
     h.clock.advance(31)
     await settle(h, await h.grant(SRC), Effect.SUCCESS)  # the next probe succeeds
     await settle(h, straggler, Effect.SUCCESS)  # closed already: nothing to say
+    half_open = (
+        logging.WARNING,
+        "source 'vllm' breaker half-open: one probe request after 31 s open "
+        "(last error: transient: connection refused)",
+    )
     assert [text.split(":")[0] for _, text in lines(caplog)] == [
         "source 'vllm' is failing (transient",
+        "source 'vllm' breaker half-open",
         "source 'vllm' still failing",
+        "source 'vllm' breaker half-open",
         "source 'vllm' recovered",
     ]
     assert lines(caplog)[1:] == [
+        half_open,
         (
             logging.WARNING,
             "source 'vllm' still failing: its probe failed (transient: connection refused); "
             "breaker open again for 30 s",
         ),
+        half_open,
         (logging.INFO, "source 'vllm' recovered: a request succeeded; breaker closed"),
     ]
 
@@ -144,3 +153,100 @@ async def test_a_call_the_gate_refuses_learns_the_closing_verdicts_last_error(
     refused = await h.store.admit(other)
     assert isinstance(refused, Denial)
     assert refused.gated_error == "vllm: transient: connection refused"
+
+
+# --- the source's last error, and its breaker's probe ---------------------------------
+
+RATE_LIMITED = "rate_limited (HTTP 429)"
+SPARE = SourceTerms("spare", 1)
+
+
+async def test_a_call_the_breaker_refuses_is_told_the_sources_last_error(h: Harness) -> None:
+    first, second = await h.grant(SRC), await h.grant(SRC)
+    await settle(h, first, Effect.FAILURE)
+    await settle(h, second, Effect.FAILURE)  # open
+    busy = await h.grant(SPARE)  # the fallback is merely full: no error of its own
+    denial = await h.deny(SRC, SPARE)
+    assert denial.blocked == (("vllm", "breaker_open"), ("spare", "at_capacity"))
+    assert denial.errors == (("vllm", REFUSED),)
+    h.clock.advance(31)
+    probe = await h.grant(SRC)
+    assert probe.probe
+    denial = await h.deny(SRC, scope="another-scope")  # fleet-wide, whatever the scope
+    assert denial.blocked == (("vllm", "probe_in_flight"),)
+    assert denial.errors == (("vllm", REFUSED),)
+    await settle(h, probe, Effect.SUCCESS)  # closed: the error is over
+    assert not (await h.grant(SRC)).probe
+    await h.store.pause_source("vllm", 10)  # an operator's pause says nothing of health
+    denial = await h.deny(SRC)
+    assert denial.blocked == (("vllm", "paused"),)
+    assert denial.errors == ()
+    await h.store.resume_source("vllm")
+    assert await h.settle(busy, SPARE)
+
+
+async def test_a_pause_keeps_what_the_source_said_until_a_success_after_it(h: Harness) -> None:
+    limited = Settlement(
+        scope="s",
+        source=SRC,
+        permit_id=(grant := await h.grant(SRC)).permit_id,
+        admitted_at=grant.admitted_at,
+        effect=Effect.NEUTRAL,
+        pause_s=60.0,
+        error=RATE_LIMITED,
+    )
+    await h.store.settle(limited)
+    assert (await h.deny(SRC)).errors == (("vllm", RATE_LIMITED),)
+    h.clock.advance(61)
+    await settle(h, await h.grant(SRC), Effect.SUCCESS)
+    await h.store.pause_source("vllm", 10)
+    assert (await h.deny(SRC)).errors == ()
+
+
+async def test_a_failure_without_a_held_permit_or_a_reset_leaves_no_error(h: Harness) -> None:
+    grants = [await h.grant(SRC) for _ in range(3)]
+    await settle(h, grants[0], Effect.FAILURE)
+    await settle(h, grants[1], Effect.FAILURE)  # open
+    await h.store.reset_source("vllm")  # forgets the breaker and its error
+    await h.store.pause_source("vllm", 10)
+    assert (await h.deny(SRC)).errors == ()
+    await h.store.resume_source("vllm")
+    await settle(h, grants[2], Effect.SUCCESS)
+    await settle(h, grants[2], Effect.FAILURE)  # settled already: no failure recorded
+    await h.store.pause_source("vllm", 10)
+    assert (await h.deny(SRC)).errors == ()
+
+
+async def test_the_admission_that_turns_the_breaker_half_open_says_so_once(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, second = await h.grant(SRC), await h.grant(SRC)
+    await settle(h, first, Effect.FAILURE)
+    await settle(h, second, Effect.FAILURE)  # open for 30 s
+    caplog.set_level(logging.INFO, logger="polygate_celery")
+    caplog.clear()
+    await h.deny(SRC)  # still open: nothing to say
+    h.clock.advance(45)
+    probe = await h.grant(SRC, scope="another-scope")
+    assert probe.probe
+    await h.deny(SRC)  # the probe is in flight
+    await settle(h, probe, Effect.NEUTRAL)  # it proved nothing: the slot is free
+    again = await h.grant(SRC)
+    assert again.probe  # the next probe, of a breaker half-open already: no new line
+    await settle(h, again, Effect.SUCCESS)
+    assert lines(caplog) == [
+        (
+            logging.WARNING,
+            "source 'vllm' breaker half-open: one probe request after 45 s open "
+            "(last error: transient: connection refused)",
+        ),
+        (logging.INFO, "source 'vllm' recovered: a request succeeded; breaker closed"),
+    ]
+
+
+async def test_a_grant_of_a_closed_breaker_is_no_probe(h: Harness) -> None:
+    grant = await h.grant(SRC, SPARE)
+    assert not grant.probe
+    again = await h.admit(SRC, permit_id=grant.permit_id)  # a repeated admit: its grant
+    assert isinstance(again, Grant)
+    assert not again.probe

@@ -9,7 +9,8 @@
 --                                                Expired members are reclaimed when they
 --                                                would count: when the set is full
 --   KEYS[6i-4]  {p}:v1:src:<name>:state    HASH  mode failures open_until probe limit
---                                                last_decrease paused_until; learned
+--                                                last_decrease paused_until error
+--                                                opened_at (see settle.lua); learned
 --                                                quota: lrpm lreq ltpm ltok ltsince
 --                                                lseen (limits the provider announced,
 --                                                GCRA times, when tpm was learned, the
@@ -52,10 +53,21 @@
 -- Returns  {1, name, admitted_at, call, source, ...}     a grant; then any waiter of
 --                                                         the caller's process a
 --                                                         permit was handed on to
---          {0, reopen_in_s or "", name, reason, ...}      a denial; reasons: paused,
---          breaker_open, probe_in_flight, at_capacity, quota
---          {3, reopen_in_s, booked_in_s, name, reason, ...}  a denial, the caller holding
---                                                         a booked slot that far ahead
+--          {4, name, admitted_at, turned, open_s, error, call, source, ...}
+--                                                         a grant of the source's
+--                                                         half-open probe: turned "1"
+--                                                         when this admission turned the
+--                                                         breaker from open to half-open
+--                                                         (it says so, once fleet-wide),
+--                                                         after open_s seconds open (""
+--                                                         if not on record); error, the
+--                                                         source's last error ("" none)
+--          {0, reopen_in_s or "", name, reason, error, ...}  a denial; reasons: paused,
+--          breaker_open, probe_in_flight, at_capacity, quota; error: the source's last
+--          error where its breaker or a pause refused it, else ""
+--          {3, reopen_in_s, booked_in_s, name, reason, error, ...}  a denial, the caller
+--                                                         holding a booked slot that far
+--                                                         ahead
 --          {2, gated_for_s, reset, error}                 refused by the scope's gate (the
 --                                                         closing verdict's last error)
 --                                                         (reset "1": it opens when
@@ -257,6 +269,12 @@ for i = 1, n do
     if held_already() then return {1, name, fmt(now)} end
     denial[#denial + 1] = name
     denial[#denial + 1] = reasons[1]
+    -- the fleet's evidence, for a caller refused before it sent anything
+    local by_health = false
+    for _, r in ipairs(reasons) do
+      by_health = by_health or r == 'paused' or r == 'breaker_open' or r == 'probe_in_flight'
+    end
+    denial[#denial + 1] = by_health and (redis.call('HGET', skey, 'error') or '') or ''
     -- A permit handed to it that it cannot use (the source paused since, say) is freed
     -- (above): the others would be refused alike, and poll.
     if not mine and waits ~= '0' and #reasons == 1 and reasons[1] == 'at_capacity' then
@@ -298,6 +316,12 @@ for i = 1, n do
       redis.call('PEXPIRE', lkey, math.ceil(window * 1000) + 1000)
     end
     local reply = {1, name, fmt(now)}
+    if take_probe then  -- the one request the breaker lets through: the caller is told
+      local h = redis.call('HMGET', skey, 'opened_at', 'error')
+      local turned = mode == 'open'
+      local open_s = (turned and h[1]) and fmt(now - tonumber(h[1])) or ''
+      reply = {4, name, fmt(now), turned and '1' or '0', open_s, h[2] or ''}
+    end
     if queued then  -- out of every queue; a permit handed to it elsewhere moves on
       local w = waiter()
       for j = 1, n do

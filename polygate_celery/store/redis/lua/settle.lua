@@ -11,7 +11,9 @@
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
 --                                            last_decrease paused_until; learned quota
---                                            lrpm lreq ltpm ltok ltsince lseen
+--                                            lrpm lreq ltpm ltok ltsince lseen; error
+--                                            (the source's last error: see ARGV[13]),
+--                                            opened_at (when the breaker last opened)
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
 -- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
@@ -27,9 +29,12 @@
 --          does, after the held permit's token estimate is settled (when the learned
 --          bucket charged it at admission); a quota not announced for LEARNED_TTL_S
 --          starts over
--- ARGV[13] the settling process's origin     ARGV[14] the source's name
--- ARGV[15] the wake-up channel of origin X is this text followed by X
--- ARGV[16..24]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
+-- ARGV[13] the attempt's error, classified ("" for none): kept as the source's last
+--          error when this settle records a pause, or a held permit's failure or
+--          auth_failure; a success while no pause runs deletes it (admit.lua names it)
+-- ARGV[14] the settling process's origin     ARGV[15] the source's name
+-- ARGV[16] the wake-up channel of origin X is this text followed by X
+-- ARGV[17..25]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
 --          AIMD increase, AIMD decrease factor, AIMD initial (0: the cap); tpm (0: none);
 --          progress TTL seconds
 -- Returns  0 if the permit was not held; else it is released and, when the source can
@@ -62,11 +67,11 @@ end
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted_at = tonumber(ARGV[8])
-local cap, tpm = tonumber(ARGV[19]), tonumber(ARGV[23])
+local cap, tpm = tonumber(ARGV[20]), tonumber(ARGV[24])
 
 local skey = KEYS[2]
 local a = redis.call('HMGET', skey, 'paused_until', 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince',
-  'lseen', 'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease')
+  'lseen', 'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease', 'error')
 local set, forget = {}, nil  -- the state's fields to write, and to delete
 local function put(field, value) set[#set + 1] = field; set[#set + 1] = value end
 
@@ -74,9 +79,11 @@ local paused_until = tonumber(a[1] or '-1e300')
 local pause = tonumber(ARGV[5])
 local fresh_pause = ''  -- a pause of a source that was not paused: news
 if pause and pause > 0 and paused_until <= now then fresh_pause = string.format('%.17g', pause) end
-if pause and pause > 0 then
+local err, paused = ARGV[13], pause and pause > 0
+if paused then
   paused_until = math.max(paused_until, now + pause)
   put('paused_until', paused_until)
+  if err ~= '' then put('error', err) end  -- what the source said as it paused
 end
 -- learned quota (mirrors polygate_celery.store.memory._Learned)
 local lreq, ltpm, ltok, ltsince = a[3], tonumber(a[4] or '0'), a[5], a[6]
@@ -109,7 +116,7 @@ end
 if forget ~= nil then redis.call('HDEL', skey, unpack(forget)) end  -- before any HSET
 local gate_opened = '0'
 if effect == 'success' then
-  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[24])))
+  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[25])))
   local closed_until = redis.call('HGET', KEYS[5], 'until')
   if closed_until then  -- a stall on record while within gate.lua's KEPT_S: it ends
     if tonumber(closed_until) + 60 > now then gate_opened = '1' end
@@ -127,8 +134,8 @@ if not held and effect ~= 'success' then
   return reply(0)
 end
 
-local threshold, cooldown = tonumber(ARGV[16]), tonumber(ARGV[17])
-local initial = tonumber(ARGV[22])
+local threshold, cooldown = tonumber(ARGV[17]), tonumber(ARGV[18])
+local initial = tonumber(ARGV[23])
 if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 local mode, failures = a[8] or 'closed', tonumber(a[9] or '0')
@@ -140,7 +147,7 @@ local is_probe = probe == permit
 if effect == 'success' then
   mode, failures, open_until, probe = 'closed', 0, 0, false
 elseif effect == 'auth_failure' then
-  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[18])), false
+  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[19])), false
 elseif effect == 'failure' then
   if is_probe then
     mode, open_until, probe = 'open', now + cooldown, false
@@ -154,15 +161,23 @@ end
 local was = a[8] or 'closed'
 if mode == 'open' and was ~= 'open' then
   change, open_for = (was == 'closed') and 'opened' or 'reopened', open_until - now
+  put('opened_at', now)  -- (the half-open line says how long it was open)
 elseif mode == 'closed' and was ~= 'closed' then
   change = 'closed'
+end
+-- the source's last error: a failure's, kept (a pause's is above); a success while no
+-- pause runs ends it
+if err ~= '' and not paused and (effect == 'failure' or effect == 'auth_failure') then
+  put('error', err)
+elseif effect == 'success' and a[14] and paused_until <= now then
+  redis.call('HDEL', skey, 'error')
 end
 
 -- AIMD (mirrors polygate_celery.core.aimd): one decrease per congestion episode
 if effect == 'success' then
-  limit = math.min(cap, limit + tonumber(ARGV[20]))
+  limit = math.min(cap, limit + tonumber(ARGV[21]))
 elseif congested and admitted_at > last_decrease then
-  limit, last_decrease = math.max(1, limit * tonumber(ARGV[21])), now
+  limit, last_decrease = math.max(1, limit * tonumber(ARGV[22])), now
 end
 
 -- written where the stored value differs (a field not stored yet is written)
@@ -197,7 +212,7 @@ if in_use >= permits then  -- full: reclaim the leases expired by now, count aga
   in_use = in_use - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 end
 if in_use >= permits then return reply(1) end
-local origin, name = ARGV[13], ARGV[14]
+local origin, name = ARGV[14], ARGV[15]
 while head do
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
   redis.call('ZREM', KEYS[6], head)
@@ -206,7 +221,7 @@ while head do
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return reply(call) end
-    redis.call('PUBLISH', ARGV[15] .. waiter_origin, call .. ' ' .. name)
+    redis.call('PUBLISH', ARGV[16] .. waiter_origin, call .. ' ' .. name)
     return reply(1)
   end
   head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]

@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
---                                            last_decrease paused_until; learned quota
+--                                            last_decrease paused_until error opened_at;
+--                                            learned quota
 --                                            (lrpm ltpm ... lseen: read by snapshot)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "pause", "resume", "reset" or "snapshot"
@@ -13,7 +14,7 @@
 --          snapshot: {live permits, permit limit, mode, failures, paused_for_s,
 --          learned rpm, learned tpm (0: none announced)}
 -- resume deletes paused_until; reset deletes every field of the state hash (breaker,
--- AIMD limit, which then starts again from its initial value, and pause) and keeps
+-- AIMD limit, which then starts again from its initial value, pause, last error) and keeps
 -- the permits, whose holders settle as usual, and the learned quota (the provider's).
 -- Time: Redis TIME unless ARGV[1] is given.
 
@@ -31,7 +32,7 @@ if ARGV[2] == 'resume' then
 end
 if ARGV[2] == 'reset' then
   redis.call('HDEL', KEYS[2], 'mode', 'failures', 'open_until', 'probe', 'limit',
-    'last_decrease', 'paused_until')
+    'last_decrease', 'paused_until', 'error', 'opened_at')
   return '0'
 end
 local now = store_now(ARGV[1])
