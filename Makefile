@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench soak mutate clean
+.PHONY: demo test lint docs bench soak mutate clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ demo: $(BIN)/.installed  ## the main job: a governed-call demonstration
 
 test: $(BIN)/.installed  ## the test suite (pytest's exit 5, "no tests collected", is not a failure)
 	$(BIN)/pytest -n 2 --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+docs: $(BIN)/.installed  ## the documentation site, built strictly into site/
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(BIN)/.installed  ## goodput against autoretry_for, tenacity and the openai client's retries (~30 min)
 	$(BIN)/python benchmarks/goodput.py
