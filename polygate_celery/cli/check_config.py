@@ -3,8 +3,9 @@
 Validates the file (with ``POLYGATE_*`` environment variables on top, as
 `load_config` reads it), prints every scope and source with its settings
 resolved (defaults merged, derived values computed, secrets redacted), the
-settings `configure_worker` would apply, and the warnings with their reasons.
-Connects nowhere.
+settings `configure_worker` would apply (for the broker given, else
+``$CELERY_BROKER_URL``, else the store's Redis URL, else Celery's ``amqp://``; the
+output says which), and the warnings with their reasons. Connects nowhere.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 
 from polygate_celery.cli.config_warnings import Advice, config_warnings
-from polygate_celery.cli.context import config_error
-from polygate_celery.cli.errors import CliError, Commands, positive_int
+from polygate_celery.cli.context import (
+    DEFAULT_CONFIG_FILE,
+    config_error,
+    config_file,
+    no_configuration,
+)
+from polygate_celery.cli.errors import Commands, positive_int
 from polygate_celery.cli.redaction import MASK, redact_url
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
@@ -29,6 +35,14 @@ from polygate_celery.core.policy import policy_for
 from polygate_celery.errors import ConfigError
 
 Entry = tuple[str, Any, str]  # key, value (None: unset), comment
+BROKER_ENV = "CELERY_BROKER_URL"
+AMQP_DEFAULT = "amqp://"
+NOT_GIVEN = f"neither --broker nor ${BROKER_ENV} is given"
+STORE_BROKER = f"assumed: the store's store.redis_url, as {NOT_GIVEN}"
+DEFAULT_BROKER = f"assumed: Celery's default, as {NOT_GIVEN} and the store has no redis_url"
+UNUSABLE_STORE_BROKER = (
+    f"assumed: Celery's default, as {NOT_GIVEN} and kombu cannot take store.redis_url for a broker"
+)
 
 
 def add_command(commands: Commands) -> None:
@@ -39,7 +53,8 @@ def add_command(commands: Commands) -> None:
         "file",
         metavar="FILE",
         nargs="?",
-        help=f"the TOML configuration file (default: ${CONFIG_PATH_ENV})",
+        help=f"the TOML configuration file (default: ${CONFIG_PATH_ENV}, "
+        f"else ./{DEFAULT_CONFIG_FILE})",
     )
     parser.add_argument(
         "--calls-per-task",
@@ -51,7 +66,8 @@ def add_command(commands: Commands) -> None:
     parser.add_argument(
         "--broker",
         metavar="URL",
-        help="the workers' Celery broker (default: $CELERY_BROKER_URL, else Celery's amqp://)",
+        help="the workers' Celery broker (default: $CELERY_BROKER_URL, else the store's "
+        "store.redis_url, else Celery's amqp://)",
     )
     parser.add_argument(
         "--consumer-timeout-s",
@@ -64,15 +80,14 @@ def add_command(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = args.file or os.environ.get(CONFIG_PATH_ENV)
+    path = config_file(args.file)
     if not path:
-        raise CliError(f"no configuration: give FILE or set {CONFIG_PATH_ENV}")
+        raise no_configuration("FILE")
     try:
         config = load_config(path)
-        check_broker(args.broker or os.environ.get("CELERY_BROKER_URL"))
+        worker = worker_text(config, args)
     except ConfigError as exc:
         raise config_error(exc) from None
-    worker = worker_section(config, args.calls_per_task, args.broker, args.consumer_timeout_s)
     print(f"# {path}: valid. The effective configuration (the file, then POLYGATE_*")
     print("# environment variables; defaults merged; secrets redacted):\n")
     print(effective_configuration(config))
@@ -81,6 +96,36 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(warnings_text(config_warnings(config)))
     return 0
+
+
+def worker_text(config: GatewayConfig, args: argparse.Namespace) -> str:
+    """The worker section for the broker `assumed_broker` finds. A store URL kombu would not
+    take for a broker (one only the store reads, e.g. with ``?password=``) is no mistake of
+    the user's: the section is then computed for Celery's default, and says so."""
+    broker, origin = assumed_broker(config, args.broker)
+    calls, consumer_timeout_s = args.calls_per_task, args.consumer_timeout_s
+    try:
+        check_broker(broker)
+        return worker_section(config, calls, broker, consumer_timeout_s, broker_origin=origin)
+    except ConfigError as exc:
+        if exc.field != "broker_url" or origin != STORE_BROKER:
+            raise
+    return worker_section(
+        config, calls, AMQP_DEFAULT, consumer_timeout_s, broker_origin=UNUSABLE_STORE_BROKER
+    )
+
+
+def assumed_broker(config: GatewayConfig, given: str | None) -> tuple[str, str]:
+    """The broker the worker settings are computed for, and where it came from: `given`
+    (``--broker``), else ``$CELERY_BROKER_URL``, else the store's Redis URL (a fleet often
+    uses one Redis for both), else Celery's default, ``amqp://``."""
+    if given:
+        return given, "--broker"
+    if os.environ.get(BROKER_ENV):
+        return os.environ[BROKER_ENV], f"${BROKER_ENV}"
+    if config.store.redis_url is not None:
+        return config.store.redis_url.get_secret_value(), STORE_BROKER
+    return AMQP_DEFAULT, DEFAULT_BROKER
 
 
 def check_broker(url: str | None) -> None:
@@ -157,9 +202,12 @@ def worker_section(
     calls_per_task: int,
     broker: str | None = None,
     consumer_timeout_s: float = 1800.0,
+    *,
+    broker_origin: str = "",
 ) -> str:
     """What `configure_worker` applies, computed on a throwaway Celery app for `broker`
-    (no connection)."""
+    (no connection); `broker_origin` says where that broker came from. Raises
+    `ConfigError` for settings `configure_worker` would refuse."""
     try:
         from celery import Celery  # noqa: PLC0415 - the celery extra is optional here
 
@@ -170,21 +218,20 @@ def worker_section(
     except ImportError:
         return "# worker settings: not computed (pip install 'polygate_celery[celery]')"
     app = Celery("polygate-check-config", set_as_current=False, broker=broker)
-    try:
-        settings = worker_settings(
-            app, config, calls_per_task=calls_per_task, consumer_timeout_s=consumer_timeout_s
-        )
-    except ConfigError as exc:
-        raise config_error(exc) from None
+    settings = worker_settings(
+        app, config, calls_per_task=calls_per_task, consumer_timeout_s=consumer_timeout_s
+    )
     soft, hard = governed_time_limits(app, config, calls_per_task)
     entries = [(key, value, "") for key, value in settings.items()]
     entries += [
         ("governed tasks' soft_time_limit", soft, "each governed task without its own"),
         ("governed tasks' time_limit", hard, "other tasks keep Celery's (none by default)"),
     ]
-    url = app.conf.broker_url or "amqp://"
+    url = app.conf.broker_url or AMQP_DEFAULT
     note = f"what configure_worker(app, config, calls_per_task={calls_per_task}) sets"
-    note += f" for broker {redact_url(url)}"
+    note += f" for broker {url if url == AMQP_DEFAULT else redact_url(url)}"
+    if broker_origin:
+        note += f" ({broker_origin})"
     return _section("worker", entries, note)
 
 

@@ -1,13 +1,17 @@
 """Edge (CLI): what the commands share: the configuration they read and the store they open.
 
-The configuration comes from ``--config``, else ``$POLYGATE_CONFIG``, with
-``POLYGATE_*`` environment variables on top (as workers load it). Commands that
-act on the fleet open the configured Redis store, after checking it answers.
+The configuration comes from ``--config``, else ``$POLYGATE_CONFIG``, else a
+``polygate.toml`` in the working directory, with ``POLYGATE_*`` environment
+variables on top (as workers load it). The commands that only read or write the
+store load it without the sources' API keys (`without_api_keys`): they run where
+the keys are not. Commands that act on the fleet open the configured Redis
+store, after checking it answers.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
@@ -17,17 +21,37 @@ from polygate_celery.cli.errors import CliError
 from polygate_celery.cli.redaction import redis_address, scrub, url_secrets
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
-from polygate_celery.config.models import StoreConfig
+from polygate_celery.config.models import StoreConfig, without_api_keys
 from polygate_celery.errors import ConfigError, GovernanceBackendError
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.store.redis.connect import where as topology_address
+
+DEFAULT_CONFIG_FILE = "polygate.toml"
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help=f"configuration file (default: ${CONFIG_PATH_ENV})",
+        help=f"configuration file (default: ${CONFIG_PATH_ENV}, else ./{DEFAULT_CONFIG_FILE})",
+    )
+
+
+def config_file(path: str | None) -> str | None:
+    """The file to read: `path`, else ``$POLYGATE_CONFIG``, else ``./polygate.toml`` if
+    there is one; None when there is none (the environment alone)."""
+    if path:
+        return path
+    if os.environ.get(CONFIG_PATH_ENV):
+        return os.environ[CONFIG_PATH_ENV]
+    return DEFAULT_CONFIG_FILE if os.path.isfile(DEFAULT_CONFIG_FILE) else None
+
+
+def no_configuration(option: str) -> CliError:
+    """What to say when no file was given or found, and the environment sets nothing."""
+    return CliError(
+        f"no configuration: give {option}, set {CONFIG_PATH_ENV}, or run where "
+        f"{DEFAULT_CONFIG_FILE} is (there is none in {os.getcwd()})"
     )
 
 
@@ -40,13 +64,16 @@ def config_error(exc: ConfigError) -> CliError:
 
 
 def load(path: str | None) -> GatewayConfig:
-    """The configuration at `path` (else ``$POLYGATE_CONFIG``) and the environment."""
+    """The configuration of `config_file(path)` and the environment, without the sources'
+    API keys (the commands that load it this way never call a source)."""
+    found = config_file(path)
     try:
-        config = load_config(path)
+        with without_api_keys():
+            config = load_config(found)
     except ConfigError as exc:
         raise config_error(exc) from None
-    if not config.scopes and not config.sources and path is None:
-        raise CliError(f"no configuration: give --config FILE or set {CONFIG_PATH_ENV}")
+    if not config.scopes and not config.sources and found is None:
+        raise no_configuration("--config FILE")
     return config
 
 

@@ -11,6 +11,9 @@ to `stall_window_s`.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -135,6 +138,22 @@ class SourceSettings(_Strict):
     aimd: AimdConfig = AimdConfig()
 
 
+_reading_keys: ContextVar[bool] = ContextVar("_reading_keys", default=True)
+
+
+@contextmanager
+def without_api_keys() -> Iterator[None]:
+    """Load configurations without reading the sources' API keys: ``api_key_env`` and
+    ``api_key_file`` may name a variable that is unset or a file that is absent here, and
+    every `SourceConfig.key` is None. For tools that only read or write governance state
+    (an operator's command, a metrics exporter), run where the keys are not."""
+    token = _reading_keys.set(False)
+    try:
+        yield
+    finally:
+        _reading_keys.reset(token)
+
+
 class SourceConfig(SourceSettings):
     """One model endpoint. The API key comes from exactly one of three places."""
 
@@ -183,15 +202,15 @@ class SourceConfig(SourceSettings):
     @field_validator("api_key_env")
     @classmethod
     def _env_is_set(cls, name: str | None) -> str | None:
-        if name is not None and not os.environ.get(name):
+        if name is not None and _reading_keys.get() and not os.environ.get(name):
             raise ValueError(f"environment variable {name!r} is not set")
         return name
 
     @field_validator("api_key_file")
     @classmethod
     def _file_is_readable(cls, path: Path | None) -> Path | None:
-        if path is None:
-            return None
+        if path is None or not _reading_keys.get():
+            return path
         try:
             text = path.read_text(encoding="utf-8").strip()
         except OSError as exc:
@@ -205,8 +224,10 @@ class SourceConfig(SourceSettings):
         given = [f for f in ("api_key", "api_key_env", "api_key_file") if getattr(self, f)]
         if len(given) > 1:
             raise ValueError(f"set only one of api_key, api_key_env, api_key_file (got {given})")
-        if self.api_key_env:
-            raw: str | None = os.environ[self.api_key_env]
+        if not _reading_keys.get():
+            raw: str | None = None
+        elif self.api_key_env:
+            raw = os.environ[self.api_key_env]
         elif self.api_key_file:
             raw = self.api_key_file.read_text(encoding="utf-8")
         else:

@@ -88,15 +88,17 @@ def test_a_redis_url_the_store_cannot_use_is_refused_at_load(
 
 
 def test_check_config_reads_POLYGATE_CONFIG_without_a_file(
-    cli: Cli, local_config: str, monkeypatch: pytest.MonkeyPatch
+    cli: Cli, local_config: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.chdir(tmp_path / "..")  # no polygate.toml there
     monkeypatch.setenv("POLYGATE_CONFIG", local_config)
     ran = cli("check-config")
     assert ran.code == 0, ran
     assert ran.out.startswith(f"# {local_config}: valid.")
     monkeypatch.delenv("POLYGATE_CONFIG")
     assert cli("check-config").error_line == (
-        "error: no configuration: give FILE or set POLYGATE_CONFIG"
+        "error: no configuration: give FILE, set POLYGATE_CONFIG, or run where polygate.toml "
+        f"is (there is none in {tmp_path.parent})"
     )
 
 
@@ -109,10 +111,17 @@ def test_a_missing_configuration_file_is_named(
     assert "nowhere.toml" in line
 
 
-def test_no_configuration_at_all(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("command", FLEET_COMMANDS)
+def test_no_configuration_at_all(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("POLYGATE_CONFIG", raising=False)
-    line = cli("status").error_line
-    assert line == "error: no configuration: give --config FILE or set POLYGATE_CONFIG"
+    line = cli(*command).error_line
+    assert line == (
+        "error: no configuration: give --config FILE, set POLYGATE_CONFIG, or run where "
+        f"polygate.toml is (there is none in {tmp_path})"
+    )
 
 
 def test_an_unknown_scope_is_named(cli: Cli, fleet: Fleet) -> None:
