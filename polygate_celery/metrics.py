@@ -14,9 +14,9 @@ Two parts, because they come from two places:
   pauses, scope progress, parked backlog), the same whichever process reads it.
 
 `serve(config, port)` runs both behind one HTTP endpoint, on the workers' host
-(``python -m polygate_celery.metrics --port 9464``). Labels hold only configured
-names (scope, source, app) and fixed vocabularies (outcome, verdict, cause,
-reason, strategy): never a key, a URL or a prompt.
+(``polygate-celery metrics --port 9464``, or ``python -m polygate_celery.metrics``).
+Labels hold only configured names (scope, source, app) and fixed vocabularies
+(outcome, verdict, cause, reason, strategy): never a key, a URL or a prompt.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 from collections.abc import Iterable, Sequence
@@ -39,9 +38,13 @@ try:
     from prometheus_client.core import GaugeMetricFamily, Metric
     from prometheus_client.multiprocess import MultiProcessCollector
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the module
-    raise ImportError(
+    MISSING = (
         "polygate_celery.metrics needs prometheus-client: pip install 'polygate_celery[prometheus]'"
-    ) from exc
+    )
+    if __name__ == "__main__":  # python -m polygate_celery.metrics: the line, no traceback
+        print(f"error: {MISSING}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise ImportError(MISSING, name=exc.name) from exc
 
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.core.terms import SourceTerms
@@ -339,36 +342,21 @@ def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m polygate_celery.metrics``: serve the metrics until interrupted."""
-    from polygate_celery.config.loading import load_config  # noqa: PLC0415
-    from polygate_celery.errors import ConfigError  # noqa: PLC0415
+    """``python -m polygate_celery.metrics``: ``polygate-celery metrics`` under its module
+    name (its ``--help`` says what is exported and how to use it with several processes)."""
+    from polygate_celery.cli import metrics as command  # noqa: PLC0415
+    from polygate_celery.cli import run_command  # noqa: PLC0415
+    from polygate_celery.cli.errors import ArgumentParser  # noqa: PLC0415
 
-    parser = argparse.ArgumentParser(prog="python -m polygate_celery.metrics")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--addr", default="0.0.0.0")
-    parser.add_argument("--config", help="TOML file (default: $POLYGATE_CONFIG)")
-    parser.add_argument("--app", action="append", help="a Celery app's main name (repeatable)")
-    args = parser.parse_args(argv)
-    try:
-        exporter = serve(load_config(args.config), args.port, args.addr, apps=args.app)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: cannot listen on {args.addr}:{args.port}: {exc.strerror}", file=sys.stderr)
-        return 1
-    # Handlers first: an interrupt that comes as soon as the address is printed still
-    # closes the exporter (the store's connections, the HTTP server) and exits 0.
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    print(f"serving metrics on http://{args.addr}:{exporter.port}/metrics", flush=True)
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        exporter.close()
-    return 0
+    parser = ArgumentParser(
+        prog="python -m polygate_celery.metrics",
+        description=command.DESCRIPTION,
+        epilog=command.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_arguments(parser)
+    parser.set_defaults(program=parser.prog)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ try:
 except ImportError as exc:
     raise ImportError(
         f"polygate_celery.celery needs Celery with its Redis transport ({exc.name} is "
-        "missing): pip install 'polygate_celery[celery]'"
+        "missing): pip install 'polygate_celery[celery]'",
+        name=exc.name,
     ) from exc
 
 from polygate_celery.celery.deferral import DEFERRED, DeferralState, deferral_delay

@@ -1,10 +1,10 @@
 """Edge: the `polygate-celery` command line, one module per command.
 
-``demo`` runs the demonstration; ``status``, ``check-config`` and ``source``
-are the operator's commands. A user's mistake (a bad argument, an invalid
-configuration, an unreachable Redis, an unknown name) ends as one ``error:``
-line on stderr and exit status 2, never a traceback; nothing printed holds a
-secret.
+``demo`` runs the demonstration; ``status``, ``check-config``, ``source`` and
+``metrics`` are the operator's commands. A user's mistake (a bad argument, an
+invalid configuration, an unreachable Redis, an unknown name, a command whose
+extra is not installed) ends as one ``error:`` line on stderr and exit status
+2, never a traceback; nothing printed holds a secret.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from polygate_celery import __version__
-from polygate_celery.cli import check_config, example, source, status
-from polygate_celery.cli.errors import ArgumentParser, CliError, report
+from polygate_celery.cli import check_config, example, metrics, source, status
+from polygate_celery.cli.errors import ArgumentParser, CliError, missing_extra, report
 from polygate_celery.demo import cli as demo
 
 INTERRUPTED = 130
@@ -29,8 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (demo, status, check_config, source, example):
+    for command in (demo, status, check_config, source, metrics, example):
         command.add_command(commands)
+    commands.choices["demo"].set_defaults(extra="demo")  # whichever of its modules is missing
     return run_command(parser.parse_args(argv))
 
 
@@ -40,6 +41,12 @@ def run_command(args: argparse.Namespace) -> int:
         code: int = args.run(args)
     except CliError as error:
         return report(error)
+    except ImportError as exc:  # a module of an extra that is not installed
+        program = getattr(args, "program", None) or f"polygate-celery {args.command}"
+        missing = missing_extra(exc, program, getattr(args, "extra", None))
+        if missing is None:
+            raise
+        return report(missing)
     except KeyboardInterrupt:
         return INTERRUPTED
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other tools do

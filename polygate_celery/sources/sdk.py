@@ -39,7 +39,7 @@ def openai_module() -> Any:
         import openai  # noqa: PLC0415 - an optional extra
     except ImportError as exc:  # pragma: no cover - depends on the environment
         hint = "the openai SDK adapter needs: pip install 'polygate_celery[openai]'"
-        raise ImportError(hint) from exc
+        raise ImportError(hint, name=exc.name) from exc
     return openai
 
 

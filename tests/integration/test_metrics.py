@@ -113,3 +113,44 @@ def test_the_exporter_command_explains_a_bad_config_in_one_line(tmp_path: Path) 
     assert done.stderr.startswith("error: ")
     assert len(done.stderr.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr
+
+
+def test_the_metrics_command_scrapes_redis_without_the_sources_keys(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """``polygate-celery metrics`` from a directory holding ``polygate.toml``, whose source
+    names a key variable this host does not set; stopped by SIGTERM, as a service is."""
+    keyed = config_toml(redis_url, prefix).replace(
+        "[sources.a]\n", '[sources.a]\napi_key_env = "POLYGATE_TEST_UNSET_KEY"\n'
+    )
+    (tmp_path / "polygate.toml").write_text(keyed)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PROMETHEUS_MULTIPROC_DIR", "POLYGATE_CONFIG", "POLYGATE_TEST_UNSET_KEY")
+    }
+    env["PYTHONPATH"] = str(ROOT)
+    command = [sys.executable, "-m", "polygate_celery", "metrics", "--port", "0"]
+    with subprocess.Popen(
+        [*command, "--addr", "127.0.0.1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            url = process.stdout.readline().split()[-1]
+            assert url.startswith("http://127.0.0.1:")
+            text = httpx.get(url, timeout=10).text
+            lines = set(text.splitlines())
+            assert "polygate_store_up 1.0" in lines
+            assert 'polygate_permit_cap{source="a"} 3.0' in lines
+            assert 'polygate_breaker_state{source="a"} 0.0' in lines
+        finally:
+            process.send_signal(signal.SIGTERM)
+        try:
+            assert process.wait(60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()

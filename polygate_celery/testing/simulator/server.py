@@ -24,7 +24,8 @@ try:
     from aiohttp import web
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
-        "the simulated provider needs aiohttp: pip install 'polygate_celery[simulator]'"
+        "the simulated provider needs aiohttp: pip install 'polygate_celery[simulator]'",
+        name=exc.name,
     ) from exc
 
 from polygate_celery.testing.simulator import answers, prompts

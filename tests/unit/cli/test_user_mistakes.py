@@ -111,7 +111,7 @@ def test_a_missing_configuration_file_is_named(
     assert "nowhere.toml" in line
 
 
-@pytest.mark.parametrize("command", FLEET_COMMANDS)
+@pytest.mark.parametrize("command", [*FLEET_COMMANDS, ["metrics"]])
 def test_no_configuration_at_all(
     cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: list[str]
 ) -> None:
