@@ -88,7 +88,7 @@ class _Calls:
         chosen = scope or self.scope
         if chosen is None:
             raise ValueError("no scope: give one to @governed(...) or to the call")
-        return chosen
+        return self.runtime.check_scope(chosen)
 
     async def _governed(self, make: Callable[[], Awaitable[CallResult]], scope: str) -> CallResult:
         position = next(self._positions)

@@ -26,7 +26,8 @@ from celery import Celery
 
 from polygate_celery.clock import Clock
 from polygate_celery.config.gateway import GatewayConfig
-from polygate_celery.config.loading import load_config
+from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
+from polygate_celery.errors import ConfigError
 from polygate_celery.governance.gateway import Gateway
 from polygate_celery.sources.base import Source
 from polygate_celery.sources.factory import sources_from_config
@@ -38,6 +39,8 @@ from polygate_celery.telemetry import Telemetry, TelemetryHook
 logger = logging.getLogger("polygate_celery")
 T = TypeVar("T")
 CANCEL_WAIT_S = 10.0
+REGISTERED = "the configuration configure_worker registered"
+DEFAULT_FILE = "polygate.toml"  # what the CLI reads by default, and a worker does not
 
 _configs: dict[int, GatewayConfig] = {}
 _hooks: dict[int, tuple[TelemetryHook, ...]] = {}
@@ -101,14 +104,47 @@ def runtime_for(app: Celery) -> WorkerRuntime:
         runtime = _runtimes.get(id(app))
         if runtime is None or runtime.pid != os.getpid():
             config = _configs.get(id(app))
+            origin: str | None = REGISTERED
+            if config is None:
+                path = os.environ.get(CONFIG_PATH_ENV) or None
+                config = load_config(path)
+                origin = f"{path} (${CONFIG_PATH_ENV})" if path else None
             runtime = WorkerRuntime(
                 app,
-                config if config is not None else load_config(),
+                config,
                 hooks=_hooks.get(id(app), ()),
                 parts=_parts.get(id(app)),
+                origin=origin,
             )
             _runtimes[id(app)] = runtime
         return runtime
+
+
+def unknown_scope(
+    app: Celery, config: GatewayConfig, origin: str | None, scope: str
+) -> ConfigError:
+    """The error of a governed call in `scope`, which `config` lacks: where the configuration
+    came from (`origin`; None: ``POLYGATE_*`` variables alone, no file). When nothing was
+    loaded at all, it says so, and where the worker looked, rather than naming the scope
+    alone (the usual cause: ``configure_worker`` forgotten and ``$POLYGATE_CONFIG`` unset)."""
+    field = f"scopes.{scope}"
+    if origin is None and not config.scopes and not config.sources:
+        found = os.path.abspath(DEFAULT_FILE)
+        beside = (
+            f"; {found} exists, but workers read no file by default: set {CONFIG_PATH_ENV}={found}"
+            if os.path.isfile(found)
+            else ""
+        )
+        return ConfigError(
+            field,
+            f"no configuration was loaded, so there is no scope {scope!r}: "
+            f"configure_worker(app, config) was not called for app {app.main!r}, "
+            f"${CONFIG_PATH_ENV} is unset in this worker, and no POLYGATE_* variable "
+            f"sets a scope or a source{beside}",
+        )
+    configured = ", ".join(sorted(config.scopes)) or "none"
+    where = origin or "the POLYGATE_* variables (no file: $POLYGATE_CONFIG is unset)"
+    return ConfigError(field, f"no scope named {scope!r} in {where} (configured: {configured})")
 
 
 def reset_runtime(app: Celery) -> None:
@@ -132,7 +168,8 @@ class WorkerRuntime:
     """The event loop, gateway and store of one worker process.
 
     `hooks` receive the gateway's events (on the loop's thread) and the
-    deferrals of this process's tasks (on the task's thread).
+    deferrals of this process's tasks (on the task's thread). `origin` says
+    where `config` came from, for errors (None: the environment alone).
     """
 
     def __init__(
@@ -142,10 +179,12 @@ class WorkerRuntime:
         *,
         hooks: Sequence[TelemetryHook] = (),
         parts: RuntimeParts | None = None,
+        origin: str | None = REGISTERED,
     ) -> None:
         self.app = app
         config = governed_config(config)
         self.config = config
+        self.origin = origin
         self.telemetry = Telemetry(hooks)
         self.pid = os.getpid()
         parts = parts or RuntimeParts()
@@ -184,6 +223,13 @@ class WorkerRuntime:
                 if self._blocking is None:
                     self._blocking = blocking_governance_client(self.config.store)
         return self._blocking
+
+    def check_scope(self, scope: str) -> str:
+        """`scope`, if the configuration has it; else the `ConfigError` that says where the
+        configuration came from (or that none was loaded)."""
+        if scope not in self.config.scopes:
+            raise unknown_scope(self.app, self.config, self.origin, scope)
+        return scope
 
     @property
     def keys(self) -> Any:
