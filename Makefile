@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint docs bench soak mutate clean
+.PHONY: demo test test-unit lint docs bench soak mutate clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,15 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed  ## the main job: a governed-call demonstration
 	$(BIN)/polygate-celery demo
 
+# --durations=15: the slowest tests, named at the end. They are the long, quiet stretch near
+# the end of a run: few tests are left, each of them long.
 test: $(BIN)/.installed  ## the test suite (pytest's exit 5, "no tests collected", is not a failure)
-	$(BIN)/pytest -n 2 --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/pytest -n 2 --dist loadfile --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The unit tier alone: the decision core, the governance loop, the stores and the CLI. Spread
+# test by test over two processes (--dist load): one file's slow tests do not hold one worker.
+test-unit: $(BIN)/.installed  ## the unit tests only (tests/unit), the fast check while working
+	$(BIN)/pytest -n 2 --dist load --durations=5 tests/unit
 
 docs: $(BIN)/.installed  ## the documentation site, built strictly into site/
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -7,9 +7,11 @@ installs without an extra are `tests/packaging/test_extras.py`'s.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -39,16 +41,20 @@ class NotInstalled:
 
 sys.meta_path.insert(0, NotInstalled())
 sys.argv = sys.argv[2:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+if sys.argv[0] != "runpy":
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
-def run_without(modules: list[str], *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m ARGV...`` with `modules` (top-level names) not importable."""
+def run_without(
+    modules: list[str], *argv: str, cwd: Path, driver: str = "", args: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ARGV...`` with `modules` (top-level names) not importable; with `driver`,
+    that code is run instead of a module, with `args` as its arguments."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("POLYGATE_", "CELERY_"))}
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
-        [sys.executable, "-c", WITHOUT, ",".join(modules), *argv],
+        [sys.executable, "-c", WITHOUT + driver, ",".join(modules), *argv, *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -108,24 +114,43 @@ def test_the_metrics_command_names_its_extra_when_only_it_is_missing(tmp_path: P
     assert line.endswith("pip install 'polygate_celery[prometheus]'")
 
 
+EACH_COMMAND = """
+import contextlib, io, json, sys
+from polygate_celery.cli import main
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exited:
+            code = exited.code
+    print(json.dumps([code, out.getvalue(), err.getvalue()]))
+"""
+
+
 def test_the_commands_of_the_core_install_run_without_any_extra(tmp_path: Path) -> None:
-    """check-config, status, source, example and every --help need no extra."""
+    """check-config, status, source, example and every --help need no extra (one process
+    runs them all, one after the other, as `main` runs each)."""
     path = write(tmp_path / "polygate.toml", SOURCES)
-    checked = run_without(EXTRAS_MODULES, "polygate_celery", "check-config", path, cwd=tmp_path)
-    assert checked.returncode == 0, checked.stderr
-    assert "# worker settings: not computed (pip install 'polygate_celery[celery]')" in (
-        checked.stdout
+    helps = [[c, "--help"] for c in ("demo", "status", "check-config", "source", "metrics")]
+    argvs = [["check-config", path], ["status"], ["source", "reset", "vllm"], ["example", "config"]]
+    done = run_without(
+        EXTRAS_MODULES, "runpy", cwd=tmp_path, driver=EACH_COMMAND, args=[json.dumps(argvs + helps)]
     )
-    for argv in (["status"], ["source", "reset", "vllm"]):
-        line = one_line(run_without(EXTRAS_MODULES, "polygate_celery", *argv, cwd=tmp_path))
-        assert "needs a Redis store" in line  # got as far as the configuration's store
-    example = run_without(EXTRAS_MODULES, "polygate_celery", "example", "config", cwd=tmp_path)
-    assert example.returncode == 0
-    assert "[scopes.summarise]" in example.stdout
-    for command in ("demo", "status", "check-config", "source", "metrics", "example"):
-        helped = run_without(EXTRAS_MODULES, "polygate_celery", command, "--help", cwd=tmp_path)
-        assert helped.returncode == 0, (command, helped.stderr)
-        assert helped.stdout.startswith(f"usage: polygate-celery {command}")
+    assert done.returncode == 0, done.stderr
+    ran = [json.loads(line) for line in done.stdout.splitlines()]
+    (checked, status, source, example), helped = ran[:4], ran[4:]
+    assert checked[0] == 0, checked
+    assert "# worker settings: not computed (pip install 'polygate_celery[celery]')" in checked[1]
+    for code, out, err in (status, source):
+        assert (code, out) == (2, "")
+        assert "needs a Redis store" in err  # got as far as the configuration's store
+        assert "Traceback" not in err
+    assert example[0] == 0
+    assert "[scopes.summarise]" in example[1]
+    for (code, out, _), (command, _) in zip(helped, helps, strict=True):
+        assert code == 0, command
+        assert out.startswith(f"usage: polygate-celery {command}")
 
 
 def test_an_import_error_of_the_package_itself_is_not_passed_off_as_a_missing_extra() -> None:
