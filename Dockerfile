@@ -1,5 +1,5 @@
-# The image of docker-compose.yml's worker and simulator: the package with its celery and
-# simulator extras, and the examples.
+# The image of docker-compose.yml's worker, simulator and metrics exporter: the package with
+# its celery, simulator and prometheus extras, and the examples.
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -11,7 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY polygate_celery ./polygate_celery
-RUN pip install '.[celery,simulator]'
+RUN pip install '.[celery,simulator,prometheus]'
 COPY examples ./examples
 
 # Run unprivileged (Celery warns about a worker running as root).

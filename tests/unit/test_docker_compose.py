@@ -81,7 +81,7 @@ def test_the_worker_is_a_celery_worker_of_the_example_pipeline(compose: dict[str
     assert worker["build"] in (".", {"context": "."})
     dockerfile = DOCKERFILE.read_text(encoding="utf-8")
     assert f"WORKDIR {APP_DIR}" in dockerfile
-    assert "pip install '.[celery,simulator]'" in dockerfile
+    assert "pip install '.[celery,simulator,prometheus]'" in dockerfile
     assert "COPY examples ./examples" in dockerfile
 
 
@@ -150,6 +150,45 @@ def test_flower_is_optional_and_watches_the_broker(compose: dict[str, Any]) -> N
     for name, entry in compose["services"].items():
         if name != "flower":
             assert "profiles" not in entry  # `docker compose up` starts Redis and the worker
+
+
+def test_the_worker_sends_task_events_and_flowers_api_answers_without_credentials(
+    compose: dict[str, Any],
+) -> None:
+    """Flower shows tasks from their events; Flower 2's JSON API refuses every request
+    (401) unless FLOWER_UNAUTHENTICATED_API is true or credentials are configured."""
+    worker = argv(service(compose, "worker")["command"])
+    assert "--task-events" in worker or "-E" in worker
+    flower = service(compose, "flower")
+    assert environment(flower)["FLOWER_UNAUTHENTICATED_API"] == "true"
+    assert str(flower["image"]) == "mher/flower:2.2"
+    assert not any(a.startswith(("--basic_auth", "--basic-auth")) for a in argv(flower["command"]))
+
+
+def test_the_metrics_service_exports_the_fleets_governance(compose: dict[str, Any]) -> None:
+    metrics = service(compose, "metrics")
+    command = argv(metrics["command"])
+    assert command[:2] == ["polygate-celery", "metrics"]
+    port = options(command)["--port"]
+    assert options(command)["--app"] == "pipeline"  # the example app's parking lot
+    (published,) = metrics["ports"]
+    assert str(published).endswith(f":{port}")
+    assert metrics["build"] in (".", {"context": "."})
+    assert "profiles" not in metrics  # `docker compose up` starts it
+    assert metrics["depends_on"]["redis"]["condition"] == "service_healthy"
+    env, worker = environment(metrics), environment(service(compose, "worker"))
+    for name in ("POLYGATE_CONFIG", "POLYGATE_STORE__REDIS_URL"):
+        assert env[name] == worker[name]  # the workers' configuration and store
+
+
+def test_the_documented_way_to_send_tasks_runs_in_the_worker_image(
+    compose: dict[str, Any],
+) -> None:
+    send = "docker compose run --rm worker python -m examples.pipeline.send"
+    for page in (COMPOSE, ROOT / "docs/how-to/flower.md"):
+        assert send in page.read_text(encoding="utf-8"), page
+    assert (ROOT / "examples/pipeline/send.py").is_file()  # COPY examples ./examples
+    assert "worker" in compose["services"]
 
 
 def test_every_variable_compose_and_the_exporter_read_is_in_the_env_example() -> None:

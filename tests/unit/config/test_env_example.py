@@ -28,6 +28,7 @@ TOP_LEVEL = {
     "POLYGATE_INCLUDE_BODIES",
     "POLYGATE_COMPOSE_REDIS_PORT",
     "POLYGATE_COMPOSE_FLOWER_PORT",
+    "POLYGATE_COMPOSE_METRICS_PORT",
 }
 NESTED: dict[str, type[BaseModel]] = {"breaker": BreakerConfig, "aimd": AimdConfig}
 # Top-level table → (model under it, whether a name segment follows).
