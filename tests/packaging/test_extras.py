@@ -90,6 +90,22 @@ def test_the_core_install_makes_governed_calls_and_names_the_extra_each_module_n
     assert "POLYGATE_STORE__REDIS_URL" in run([cli, "example", "env"], tmp_path)
     assert '"summariser"' in run([cli, "example", "models"], tmp_path)
     assert "[scopes.summarise]" in run([cli, "example", "config"], tmp_path)
+    # A command whose extra is not installed: one line, exit status 2, no traceback.
+    for command, says in (
+        ([cli, "demo"], "error: the demo needs aiohttp: pip install 'polygate_celery[demo]'"),
+        (
+            [cli, "metrics"],
+            "error: polygate-celery metrics needs prometheus_client, which is not installed: "
+            "pip install 'polygate_celery[prometheus]'",
+        ),
+        (
+            [str(python), "-m", "polygate_celery.metrics", "--help"],
+            "error: polygate_celery.metrics needs prometheus-client: "
+            "pip install 'polygate_celery[prometheus]'",
+        ),
+    ):
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", says + "\n"), command
 
 
 def test_the_celery_extra_runs_a_governed_task_on_a_real_worker(
