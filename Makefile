@@ -15,7 +15,7 @@ demo: $(BIN)/.installed  ## the main job: a governed-call demonstration
 	$(BIN)/polygate-celery demo
 
 test: $(BIN)/.installed  ## the test suite (pytest's exit 5, "no tests collected", is not a failure)
-	$(BIN)/pytest -n 2 --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/pytest -n 4 --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 docs: $(BIN)/.installed  ## the documentation site, built strictly into site/
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
