@@ -39,12 +39,12 @@ from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 from kombu.exceptions import EncodeError
 
-from polygate_celery.celery.deferral import defer, requeue_copy
+from polygate_celery.celery.deferral import defer, requeue_copy, trace_of
 from polygate_celery.celery.guard import ExecutionGuard, patiently, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
 from polygate_celery.celery.registry import GOVERNED, SCOPE, governed_tasks
-from polygate_celery.celery.runtime import registered_config, runtime_for
+from polygate_celery.celery.runtime import WorkerRuntime, registered_config, runtime_for
 from polygate_celery.config.loading import load_config
 from polygate_celery.errors import (
     AllSourcesExhausted,
@@ -52,6 +52,7 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     PolygateError,
 )
+from polygate_celery.telemetry import run_trace
 
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("polygate_celery")
@@ -172,6 +173,28 @@ def _run(
     reuse: bool,
 ) -> Any:
     runtime = runtime_for(task.app)
+    if not runtime.telemetry.active:
+        return _run_governed(task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse)
+    # Hooks listen: the run's trace context is theirs to read (a deferred message's
+    # link) and to set (what a deferral carries on); its calls inherit it.
+    token = run_trace.set(trace_of(task))
+    try:
+        return _run_governed(task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse)
+    finally:
+        run_trace.reset(token)
+
+
+def _run_governed(
+    task: Task[Any, Any],
+    runtime: WorkerRuntime,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    handle_at: int,
+    is_async: bool,
+    scope: str | None,
+    reuse: bool,
+) -> Any:
     _hand_back_unpublished_retries(task)
     run = RunIdentity.of(task)
     guard = ExecutionGuard(runtime, task, run)

