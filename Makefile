@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint docs bench soak mutate clean
+.PHONY: demo test lint docs docs-check bench soak mutate clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ test: $(BIN)/.installed  ## the test suite (pytest's exit 5, "no tests collected
 
 docs: $(BIN)/.installed  ## the documentation site, built strictly into site/
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Needs Debian's Chromium (apt-get install -y chromium); not part of .ci/run.
+docs-check: docs  ## the built site in headless Chromium: pages, navigation, search, no console error; screenshots to docs/screenshots/
+	$(BIN)/python tests/docs/browser_check.py --site site --out docs/screenshots
 
 bench: $(BIN)/.installed  ## goodput against autoretry_for, tenacity and the openai client's retries (~30 min)
 	$(BIN)/python benchmarks/goodput.py

@@ -78,10 +78,26 @@ def governed(
 ) -> Callable[[F], F]:
     """Give a task body a handle for governed calls and map their verdicts onto Celery.
 
-    `scope` is the calls' default scope. With `reuse_results`, results a run
-    already paid for are kept and reused when the task runs again after a
-    deferral. `bound` says whether Celery binds the task (default: the first
-    parameter is named ``self``).
+    Put it below Celery's own decorator (``@app.task``, then ``@governed(...)``).
+    The body's first parameter (its second with ``bind=True``) receives a
+    `GovernedCalls`, or an `AsyncGovernedCalls` for an ``async def`` body;
+    callers of the task leave it out. A verdict that the scope is unavailable
+    defers the task (it runs again later); ``retry_exhausted``, a fatal request
+    and a spent deferral budget fail it.
+
+    Args:
+        scope: The calls' default scope (a call may name another).
+        reuse_results: Keep each result a run paid for, and reuse it when the
+            task runs again after a deferral instead of asking the provider again.
+        bound: Whether Celery binds the task. Default: the first parameter is
+            named ``self``.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TypeError: When it decorates: it was put above ``@app.task``, or the
+            body has no parameter for the handle.
     """
 
     def decorate(fn: F) -> F:

@@ -139,7 +139,18 @@ def _same_source_worth_retrying(outcome: Outcome) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CallResult:
-    """A governed call's answer, who served it, what it cost, and how it got there."""
+    """A governed call's answer, who served it, what it cost, and how it got there.
+
+    Attributes:
+        value: The answer: a `ChatResult`, `EmbeddingResult` or `OcrResult` from
+            the HTTP adapters, whatever a custom source returns otherwise.
+        source: The source that served it.
+        model: The model the provider says answered, if it says.
+        prompt_tokens: Input tokens the provider reported, if it did.
+        completion_tokens: Output tokens the provider reported, if it did.
+        attempts: Every attempt of the call, this success last.
+        elapsed_s: The call's duration.
+    """
 
     value: Any
     source: str
