@@ -394,6 +394,7 @@ def _frame(tracker: Tracker, provider: Any, now: float) -> Frame:
         t=now,
         scopes=[tracker.scope_state(scope) for scope in SCOPES],
         requests=len(journal),
+        served=sum(1 for entry in journal if entry.status == 200),
         limited=sum(1 for entry in journal if entry.status == 429),
         down=sum(1 for entry in journal if entry.status == 503),
     )
