@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -47,7 +48,8 @@ def add_command(commands: Commands) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--plot", metavar="FILE", type=Path,
-        help="draw the run's timeline (requests, 429s, 503s, deferrals per second) as a PNG",
+        help="draw the run's timeline (requests, 429s, 503s, deferrals per second) as a PNG "
+        "(needs matplotlib)",
     )  # fmt: skip
     parser.add_argument(
         "--keep",
@@ -72,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         from polygate_celery.demo.offline import run_demo  # noqa: PLC0415
 
         return 1 if asyncio.run(run_demo(sys.stdout, args.seconds)) else 0
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise CliError("--plot draws with matplotlib: pip install matplotlib")
     try:
         return pipeline_demo.run(
             documents=args.documents,

@@ -1,10 +1,11 @@
 """Edge (demo): what the pipeline demo shows while it runs, and the timeline it can draw.
 
 On a terminal, a live progress bar per scope and a line counting the provider's
-answers (`rich`); otherwise one short plain line
-(at most `PLAIN_WIDTH` characters) every few seconds. `plot_timeline` draws requests,
-429s and 503s per second per model, and deferrals per second per scope, as a PNG
-(`matplotlib`). Both libraries come with the ``demo`` extra.
+answers (`rich`); otherwise one short plain line (at most `PLAIN_WIDTH` characters)
+every few seconds. `plot_timeline` draws requests, 429s and 503s per second per
+model, and deferrals per second per scope, as a PNG (`matplotlib`). ``rich`` comes
+with the ``demo`` extra; ``matplotlib``, used by ``--plot`` alone, is installed on
+its own (or with the ``bench`` extra).
 """
 
 from __future__ import annotations

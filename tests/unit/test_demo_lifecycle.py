@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from polygate_celery.cli import main
 from polygate_celery.demo import lifecycle
 from polygate_celery.demo.lifecycle import Stopped, cli_command, stopped_by_signals, toml_text
 
@@ -70,4 +71,20 @@ def test_the_printed_commands_name_the_program_as_it_was_run(
     assert cli_command() == "polygate-celery"
     assert lifecycle.status_command(Path("/tmp/a b/polygate.toml")) == (
         "polygate-celery status --config '/tmp/a b/polygate.toml'"
+    )
+
+
+def test_plot_without_matplotlib_is_one_line_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import importlib.util  # noqa: PLC0415
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name)
+    )
+    monkeypatch.setattr("polygate_celery.demo.pipeline.run", lambda **_: pytest.fail("ran"))
+    assert main(["demo", "--plot", str(tmp_path / "t.png")]) == 2
+    assert (
+        capsys.readouterr().err == "error: --plot draws with matplotlib: pip install matplotlib\n"
     )
