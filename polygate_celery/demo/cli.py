@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
             keep=args.keep,
         )
     except Stopped as stopped:  # SIGTERM or SIGHUP: everything the demo started is stopped
-        print(f"polygate-celery demo: stopped by {stopped}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # after SIGHUP, the terminal may be gone
+            print(f"polygate-celery demo: stopped by {stopped}", file=sys.stderr)
         return stopped.exit_status
     except pipeline_demo.DemoError as error:
         raise CliError(str(error)) from None
