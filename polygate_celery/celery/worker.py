@@ -144,7 +144,9 @@ WHY = {
     "accept_content": "Celery messages are JSON only",
     "result_accept_content": "Celery messages are JSON only",
     "event_serializer": "Celery messages are JSON only",
-    "worker_cancel_long_running_tasks_on_connection_loss": "its cancel loses tasks (README)",
+    "worker_cancel_long_running_tasks_on_connection_loss": (
+        "its cancel loses tasks (docs/concepts/guarantees.md)"
+    ),
     "result_backend_always_retry": "a result stored during a Redis restart is retried",
     "task_publish_retry_policy": "publishes from a task ride out a broker restart",
 }
