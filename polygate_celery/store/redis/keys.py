@@ -32,7 +32,8 @@ ones stop. Keys (``{t}``: the key's tag, ``{p}``: the fleet tag)::
     {t}:v1:src:<source>:state       HASH    breaker (mode, failures, open_until, probe),
                                             AIMD (limit, last_decrease), paused_until,
                                             learned quota (lrpm lreq ltpm ltok: the
-                                            provider's announced limits, GCRA times)
+                                            provider's announced limits, GCRA times;
+                                            lwend lwleft lwseen: its requests window)
     {t}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)
     {t}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
                                             window (at most rpm members, TTL one window)
