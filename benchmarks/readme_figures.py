@@ -142,7 +142,7 @@ def goodput_rows() -> str:
         "outage": "the same with a 60 s outage",
         "undeclared": "the same with no rpm declared (OpenAI's headers)",
         "undeclared-anthropic": "the same with no rpm declared (Anthropic's headers)",
-        "window": "a provider counting 60 s windows, rpm declared, default counting",
+        "window": "a provider counting 60 s windows, rpm declared, no window declared",
     }
     lines = []
     for scenario, what in scenarios.items():
