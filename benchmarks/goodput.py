@@ -129,11 +129,19 @@ class Workload:
 
     def ideal_s(self, scenario: Scenario) -> float:
         admitted = self.admitted_needed
-        if scenario.limiter == "bucket":
-            start = max(0, admitted - self.rpm) * 60.0 / self.rpm
-        else:
+        if scenario.limiter != "bucket":
             start = (admitted - 1) // self.rpm * 60.0
-        return start + self.latency_s + (self.outage_s if scenario.outage else 0.0)
+            return start + self.latency_s + (self.outage_s if scenario.outage else 0.0)
+        per_s = self.rpm / 60.0
+        if scenario.outage:
+            # A saturated bucket is empty when the outage begins and refills during it (up
+            # to its size): what was not sent during the outage is sent at once after it.
+            begin, end = self.outage_window()
+            before = self.rpm + begin * per_s
+            if admitted > before:
+                refilled = min(self.rpm, (end - begin) * per_s)
+                return end + max(0.0, admitted - before - refilled) / per_s + self.latency_s
+        return max(0, admitted - self.rpm) / per_s + self.latency_s
 
     def outage_window(self) -> tuple[float, float]:
         middle = self.ideal_s(SCENARIOS["steady"]) / 2
@@ -417,7 +425,9 @@ def report(runs: list[Run], workload: Workload, plots: dict[str, str], settings:
         "- Ideal finish: failed answers are charged too, so N tasks need "
         f"A = ⌈N / (1 - p)⌉ = {workload.admitted_needed} admitted requests. A bucket of Q "
         "starts full and refills one request every 60 / Q s: T = max(0, A - Q) x 60 / Q s + L "
-        f"= **{workload.ideal_s(bucket):.1f} s**; with the outage T + D = "
+        f"= **{workload.ideal_s(bucket):.1f} s**; with the outage from s to e, the bucket "
+        "is empty at s and refills during the outage (up to Q), so T = e + max(0, A - Q - "
+        "s x Q / 60 - min(Q, (e - s) x Q / 60)) x 60 / Q s + L = "
         f"**{workload.ideal_s(SCENARIOS['outage']):.1f} s**. A 60 s window: "
         f"T = ⌊(A - 1) / Q⌋ x 60 s + L = **{workload.ideal_s(window):.1f} s**.",
         "- Goodput = completed tasks per second ÷ C.",
