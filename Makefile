@@ -1,23 +1,33 @@
-# The project's commands. Each creates its own virtualenv on first use.
+# The project's commands, in one virtualenv made on first use. `make demo` installs what
+# the demo needs (the `demo` extra); every other command, the development tools (`dev`).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-unit lint docs bench soak mutate clean
+.PHONY: demo test test-unit lint docs docs-check bench soak mutate clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+$(BIN)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-demo: $(BIN)/.installed  ## the main job: a governed-call demonstration
+$(BIN)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $@
+
+# The development install holds the demo extra: the demo runs in it when it is there.
+DEMO_INSTALL := $(if $(wildcard $(BIN)/.installed),$(BIN)/.installed,$(BIN)/.installed-demo)
+
+demo: $(DEMO_INSTALL)  ## the main job: a governed-call demonstration (installs the demo extra alone)
 	$(BIN)/polygate-celery demo
 
 # --durations=15: the slowest tests, named at the end. They are the long, quiet stretch near
 # the end of a run: few tests are left, each of them long.
 test: $(BIN)/.installed  ## the test suite (pytest's exit 5, "no tests collected", is not a failure)
-	$(BIN)/pytest -n 2 --dist loadfile --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/pytest -n 4 --dist loadfile --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The unit tier alone: the decision core, the governance loop, the stores and the CLI. Spread
 # test by test over two processes (--dist load): one file's slow tests do not hold one worker.
@@ -26,6 +36,10 @@ test-unit: $(BIN)/.installed  ## the unit tests only (tests/unit), the fast chec
 
 docs: $(BIN)/.installed  ## the documentation site, built strictly into site/
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Needs Debian's Chromium (apt-get install -y chromium); not part of .ci/run.
+docs-check: docs  ## the built site in headless Chromium: pages, navigation, search, no console error; screenshots to docs/screenshots/
+	$(BIN)/python tests/docs/browser_check.py --site site --out docs/screenshots
 
 bench: $(BIN)/.installed  ## goodput against autoretry_for, tenacity and the openai client's retries (~30 min)
 	$(BIN)/python benchmarks/goodput.py

@@ -15,7 +15,8 @@ answered 503, 200 ms per answer. Scenarios (`SCENARIOS`): `steady`; `outage`,
 the same plus a 60 s total outage (every request answered 503 at once) centred
 on the middle of the ideal run; then polygate_celery alone with no rpm declared
 (`undeclared`, OpenAI-style headers; `undeclared-anthropic`), and against a
-provider that counts in 60 s windows (`window`), each with the defaults. Every
+provider that counts in 60 s windows (`window`, no `rpm_window` declared: its
+resets show the windows), each with the defaults. Every
 contender (`benchmarks/goodput_app.py`) runs the same workload on fresh workers,
 a fresh provider and a fresh database.
 
@@ -101,7 +102,7 @@ SCENARIOS = {
     "window": Scenario(
         limiter="window",
         everyone=False,
-        about="a provider that counts in 60 s windows, rpm declared, default counting",
+        about="a provider that counts in 60 s windows, rpm declared, no window declared",
     ),
 }
 
@@ -128,11 +129,19 @@ class Workload:
 
     def ideal_s(self, scenario: Scenario) -> float:
         admitted = self.admitted_needed
-        if scenario.limiter == "bucket":
-            start = max(0, admitted - self.rpm) * 60.0 / self.rpm
-        else:
+        if scenario.limiter != "bucket":
             start = (admitted - 1) // self.rpm * 60.0
-        return start + self.latency_s + (self.outage_s if scenario.outage else 0.0)
+            return start + self.latency_s + (self.outage_s if scenario.outage else 0.0)
+        per_s = self.rpm / 60.0
+        if scenario.outage:
+            # A saturated bucket is empty when the outage begins and refills during it (up
+            # to its size): what was not sent during the outage is sent at once after it.
+            begin, end = self.outage_window()
+            before = self.rpm + begin * per_s
+            if admitted > before:
+                refilled = min(self.rpm, (end - begin) * per_s)
+                return end + max(0.0, admitted - before - refilled) / per_s + self.latency_s
+        return max(0, admitted - self.rpm) / per_s + self.latency_s
 
     def outage_window(self) -> tuple[float, float]:
         middle = self.ideal_s(SCENARIOS["steady"]) / 2
@@ -174,6 +183,7 @@ class Run:
     peak_in_flight: int = 0
     done_at: list[float] = field(default_factory=list)  # finish times (done or failed), s
     rejected_at: list[float] = field(default_factory=list)  # 429 arrival times
+    outage_at: list[float] = field(default_factory=list)  # arrivals answered by the outage
     in_flight: list[tuple[float, int]] = field(default_factory=list)
 
     @property
@@ -330,6 +340,7 @@ def run_one(bench: Bench, contender: str, scenario: str, deadline_s: float) -> R
     run.rate_limited = sum(1 for entry in journal if entry.outcome.startswith("429"))
     run.server_errors = sum(1 for entry in journal if entry.status >= 500)
     run.rejected_at = sorted(e.at for e in journal if e.outcome.startswith("429"))
+    run.outage_at = sorted(e.at for e in journal if e.outcome == "503-outage")
     run.in_flight = samples
     run.peak_in_flight = max((n for _, n in samples), default=0)
     run.request_s = sum(SAMPLE_S * n for _, n in samples)
@@ -414,7 +425,9 @@ def report(runs: list[Run], workload: Workload, plots: dict[str, str], settings:
         "- Ideal finish: failed answers are charged too, so N tasks need "
         f"A = ⌈N / (1 - p)⌉ = {workload.admitted_needed} admitted requests. A bucket of Q "
         "starts full and refills one request every 60 / Q s: T = max(0, A - Q) x 60 / Q s + L "
-        f"= **{workload.ideal_s(bucket):.1f} s**; with the outage T + D = "
+        f"= **{workload.ideal_s(bucket):.1f} s**; with the outage from s to e, the bucket "
+        "is empty at s and refills during the outage (up to Q), so T = e + max(0, A - Q - "
+        "s x Q / 60 - min(Q, (e - s) x Q / 60)) x 60 / Q s + L = "
         f"**{workload.ideal_s(SCENARIOS['outage']):.1f} s**. A 60 s window: "
         f"T = ⌊(A - 1) / Q⌋ x 60 s + L = **{workload.ideal_s(window):.1f} s**.",
         "- Goodput = completed tasks per second ÷ C.",
@@ -471,6 +484,14 @@ def report(runs: list[Run], workload: Workload, plots: dict[str, str], settings:
                     f"| {ratio(r.goodput(workload.capacity), governed.goodput(workload.capacity))} "
                     f"| {ratio(r.waiting_s, governed.waiting_s)} |"
                 )
+        if governed is not None and chosen_scenario.outage:
+            start, _ = workload.outage_window()
+            at = ", ".join(f"{t - start:.1f}" for t in governed.outage_at)
+            lines += ["", (
+                f"polygate_celery's requests during the outage: {len(governed.outage_at)}, "
+                f"at {at or '—'} s into it; the other attempts past the tasks are the "
+                f"{governed.server_errors - len(governed.outage_at)} drawn 503s."
+            )]  # fmt: skip
         if governed is not None:
             lines += ["", "Targets for polygate_celery:", ""]
             for name, met in targets(governed, workload, chosen_scenario):

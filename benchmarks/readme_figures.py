@@ -1,13 +1,15 @@
-"""The README's measured figures, generated from the committed results files.
+"""The measured figures of the README and the manual, generated from the committed
+results files.
 
-Each figure block of README.md sits between ``<!-- figures:NAME -->`` and
-``<!-- /figures:NAME -->``; this script renders every block from the files in
-``benchmarks/`` that a passing run wrote, so the README cannot quote a figure no
-committed result supports. ``tests/benchmarks/test_readme_figures.py`` fails
-when a block differs from what the results say.
+Each figure block of README.md or of a page under docs/ sits between
+``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->``; this script renders every
+block from the files in ``benchmarks/`` that a passing run wrote, so no page can
+quote a figure no committed result supports. A block may appear on several pages;
+every block appears on one at least. ``tests/benchmarks/test_readme_figures.py``
+fails when a block differs from what the results say.
 
 Usage: ``python benchmarks/readme_figures.py`` prints the blocks;
-``--write`` puts them into README.md.
+``--write`` puts them into README.md and the pages of docs/.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GOODPUT = ROOT / "benchmarks" / "RESULTS.md"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 CONTENDERS = {
     "openai client, default retries": "openai client, its default retries",
@@ -139,7 +142,7 @@ def goodput_rows() -> str:
         "outage": "the same with a 60 s outage",
         "undeclared": "the same with no rpm declared (OpenAI's headers)",
         "undeclared-anthropic": "the same with no rpm declared (Anthropic's headers)",
-        "window": "a provider counting 60 s windows, rpm declared, default counting",
+        "window": "a provider counting 60 s windows, rpm declared, no window declared",
     }
     lines = []
     for scenario, what in scenarios.items():
@@ -305,32 +308,87 @@ def measured() -> str:
     )
 
 
+def table_lines(text: str, header: str) -> list[str]:
+    """The lines of the table whose header row starts with `header`, as written."""
+    lines = []
+    for line in text[text.index(header) :].splitlines():
+        if not line.startswith("|"):
+            break
+        lines.append(line)
+    return lines
+
+
+def demo() -> str:
+    """The demo's runs, idle and beside CPU-bound processes, as demo_runs.md has them."""
+    text = (RESULTS / "demo_runs.md").read_text(encoding="utf-8")
+    return "\n".join(table_lines(text, "| run | load |"))
+
+
+def fairness() -> str:
+    """Waiting for a shared quota, before and after bookings, as quota_fairness.md has it."""
+    text = (RESULTS / "quota_fairness.md").read_text(encoding="utf-8")
+    return "\n".join(table_lines(text, "| run | processes x callers |"))
+
+
+def fleet() -> str:
+    """1,000+ concurrent governed calls under one cap and one quota, as fleet.md has it."""
+    text = (RESULTS / "fleet.md").read_text(encoding="utf-8")
+    return "\n".join(table_lines(text, "| what | figure |"))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "goodput": goodput,
     "memory": memory,
     "measured": measured,
     "matrix": matrix,
+    "demo": demo,
+    "fairness": fairness,
+    "fleet": fleet,
 }
 
+OPENING = re.compile(r"<!-- figures:(\w+) -->")
 
-def render(readme: str) -> str:
-    """`readme` with every figure block rendered anew."""
+
+def pages() -> list[Path]:
+    """The files that may hold figure blocks: README.md and every page of docs/."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def render(text: str, where: str = "README.md") -> str:
+    """`text` with every figure block it holds rendered anew."""
+    unknown = sorted(set(OPENING.findall(text)) - BLOCKS.keys())
+    if unknown:
+        raise SystemExit(f"{where} has figure blocks no results file renders: {unknown}")
     for name, make in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- figures:{name} -->\n).*?(\n<!-- /figures:{name} -->)", re.S)
-        if not pattern.search(readme):
-            raise SystemExit(f"README.md has no figures:{name} block")
+        pattern = re.compile(
+            rf"(<!-- figures:{name} -->\n)(?:.*?\n)?(<!-- /figures:{name} -->)", re.S
+        )
+        if not pattern.search(text):
+            continue
         body = make()
-        readme = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), readme)
-    return readme
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+    return text
+
+
+def unplaced(texts: list[str]) -> list[str]:
+    """The blocks no page holds (a block dropped from every page goes unchecked)."""
+    return [name for name in BLOCKS if not any(f"<!-- figures:{name} -->" in t for t in texts)]
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text(encoding="utf-8")
     if "--write" in argv:
-        README.write_text(render(text), encoding="utf-8")
+        for page in pages():
+            text = page.read_text(encoding="utf-8")
+            rendered = render(text, str(page.relative_to(ROOT)))
+            if rendered != text:
+                page.write_text(rendered, encoding="utf-8")
     else:
         for name, make in BLOCKS.items():
             print(f"<!-- figures:{name} -->\n{make()}\n<!-- /figures:{name} -->\n")
+    missing = unplaced([page.read_text(encoding="utf-8") for page in pages()])
+    if missing:
+        print(f"no page holds the figure blocks {missing}", file=sys.stderr)
+        return 1
     return 0
 
 

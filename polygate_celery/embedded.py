@@ -84,9 +84,15 @@ class EmbeddedRedis:
     ``noeviction``, as governance keys need.
     """
 
-    def __init__(self, *, persistent: bool = False) -> None:
+    def __init__(self, *, persistent: bool = False, directory: Path | None = None) -> None:
+        """`directory`: where the server keeps its files (made, and removed on `close`);
+        by default a fresh temporary one."""
         self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="polygate-redis-")
+        if directory is None:
+            self.dir = tempfile.mkdtemp(prefix="polygate-redis-")
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.dir = str(directory)
         self.persistent = persistent
         self.process: subprocess.Popen[bytes] | None = None
         self.started = False  # once it has run, it comes back on the same port
@@ -156,8 +162,17 @@ class EmbeddedRedis:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id, while it runs."""
+        return None if self.process is None else self.process.pid
+
     def __enter__(self) -> EmbeddedRedis:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a signal or Ctrl-C while it starts: no server left behind
+            self.close()
+            raise
 
     def __exit__(
         self,

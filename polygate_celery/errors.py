@@ -46,13 +46,20 @@ class GatewayUnavailableError(PolygateError):
 class AllSourcesExhausted(GatewayUnavailableError):
     """The governance loop gave up on a call, with a verdict.
 
-    `reason` is ``"stalled"`` (nothing in the scope made progress and this call
-    spent its stall budget), ``"retry_exhausted"`` (the call spent
-    `max_attempts` budget-burning attempts), ``"fail_fast"`` (nothing was
-    runnable and the caller asked not to wait) or ``"deadline"`` (the call hit
-    `max_call_s`). `retry_after_s` estimates when the scope can take work again;
-    `rate_limited` says it is not an estimate but when rate limits reset (every
-    source was paused by a provider's Retry-After or waited for its quota).
+    Attributes:
+        reason: ``"stalled"`` (nothing in the scope made progress and this call
+            spent its stall budget), ``"retry_exhausted"`` (the call spent
+            `max_attempts` budget-burning attempts), ``"fail_fast"`` (nothing
+            was runnable and the caller asked not to wait) or ``"deadline"``
+            (the call hit `max_call_s`).
+        scope: The call's scope.
+        retry_after_s: When the scope is expected to take work again, in seconds.
+        attempts: Attempts the call made.
+        last_error: The last failed attempt's classified error, if any.
+        trail: Every attempt, as `AttemptRecord`s.
+        rate_limited: `retry_after_s` is not an estimate but when rate limits
+            reset (every source was paused by a provider's Retry-After or
+            waited for its quota).
     """
 
     def __init__(
@@ -95,7 +102,12 @@ class AllSourcesExhausted(GatewayUnavailableError):
 
 
 class GovernanceBackendError(GatewayUnavailableError):
-    """The governance store could not answer; no request was sent (fail closed)."""
+    """The governance store could not answer; no request was sent (fail closed).
+
+    Attributes:
+        message: What failed (an address, never a password).
+        scope: The call's scope, when one was known.
+    """
 
     def __init__(self, message: str, scope: str | None = None) -> None:
         self.message = message
@@ -108,7 +120,18 @@ class GovernanceBackendError(GatewayUnavailableError):
 
 
 class SourceFatalError(PolygateError):
-    """The request itself cannot be served: retrying it anywhere would not help."""
+    """The request itself cannot be served: retrying it anywhere would not help.
+
+    A bad request, a content-policy refusal, or a request every source rejected.
+
+    Attributes:
+        reason: The classified reason (never the provider's body, unless
+            `include_bodies` is on).
+        scope: The call's scope.
+        source: The source that answered so, if one did.
+        status: Its HTTP status, if it answered.
+        trail: Every attempt, as `AttemptRecord`s.
+    """
 
     def __init__(
         self,
@@ -138,10 +161,19 @@ class SourceFatalError(PolygateError):
 class DeferralBudgetExceeded(PolygateError):
     """A Celery task's scope stayed unavailable past `max_deferrals` or `max_defer_age_s`.
 
-    `reason` is the last verdict that would have deferred it again; `last_error`
-    is that verdict's last error (``"vllm: transient: connection refused"``) and
-    `source`, `status` its last failed attempt's, so a FAILURE says what the
-    provider did, not only that the scope stalled (SPEC §4).
+    A FAILURE says what the provider did, not only that the scope stalled.
+
+    Attributes:
+        reason: The last verdict, which would have deferred the task again
+            (``backend_error`` when the store could not answer).
+        scope: Its scope, when one was known.
+        deferrals: The task's deferrals.
+        age_s: Seconds since its first deferral.
+        retry_after_s: The last verdict's estimate.
+        last_error: The last verdict's last error
+            (``"vllm: transient: connection refused"``).
+        source: The last failed attempt's source.
+        status: The last failed attempt's HTTP status.
     """
 
     def __init__(
@@ -208,10 +240,14 @@ class DeferralBudgetExceeded(PolygateError):
 
 
 class ConfigError(PolygateError):
-    """Invalid configuration. `field` is the dotted path of the first bad field.
+    """Invalid configuration, raised at load time.
 
-    `problems` lists every ``(path, message)`` found; input values are never
-    echoed, since a bad value may be a secret.
+    Input values are never echoed, since a bad value may be a secret.
+
+    Attributes:
+        field: The dotted path of the first bad setting (``scopes.summarise.max_attempts``).
+        message: What is wrong with it.
+        problems: Every ``(path, message)`` found.
     """
 
     def __init__(self, field: str, message: str, problems: Sequence[Sequence[str]] = ()) -> None:

@@ -44,13 +44,16 @@ from polygate_celery.errors import (
     DeferralBudgetExceeded,
     GatewayUnavailableError,
 )
-from polygate_celery.telemetry import DeferralEvent
+from polygate_celery.telemetry import DeferralEvent, RunTrace, run_trace
 
 # The most a deferral waiting for a rate-limit reset is stretched by the jitter.
 RESET_SPREAD_S = 1.0
 
 logger = logging.getLogger("polygate_celery")
 GROWN = "polygate_grown"  # how many of them were grown (waited out an estimate)
+# The W3C trace context (traceparent, tracestate) of the call whose verdict deferred the
+# task, when a tracing hook listens: the next run's calls link to it.
+TRACE = "polygate_trace"
 FIRST_DEFERRED_AT = "polygate_first_deferred_at"
 DEFERRED = "DEFERRED"  # the task state while it waits to run again
 
@@ -74,6 +77,19 @@ class DeferralState:
             first_at=float(first) if isinstance(first, (int, float)) else None,
             grown=count if grown is None else min(grown, count),  # a message from before GROWN
         )
+
+
+def trace_of(task: Task[Any, Any]) -> RunTrace:
+    """The trace context a run of `task` starts with: its message's `TRACE` header (a
+    mapping of strings, else nothing), and how many times it was deferred before."""
+    headers = task.request.headers or {}
+    carried = headers.get(TRACE)
+    previous = None
+    if isinstance(carried, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in carried.items()
+    ):
+        previous = dict(carried)
+    return RunTrace(previous=previous, deferrals=DeferralState.of(task).count)
 
 
 def _count(value: Any) -> int | None:
@@ -143,6 +159,9 @@ def defer(
     headers = guard.run.pinned({**(task.request.headers or {}), DEFERRALS: count, GROWN: grown})
     headers[FIRST_DEFERRED_AT] = first
     headers.pop(COPY, None)  # the next run is a new run, not a copy of this one
+    trace = run_trace.get()
+    if trace is not None and trace.latest:
+        headers[TRACE] = dict(trace.latest)  # else an earlier run's, if any, goes on
     signature = task.signature_from_request(task.request, headers=headers)
     chosen = strategy or (config.strategy if runtime.redis is not None else "countdown")
     if chosen == "countdown":

@@ -158,6 +158,21 @@ class AsyncGovernedCalls(_Calls):
         fail_fast: bool = False,
         **params: Any,
     ) -> CallResult:
+        """A chat completion (`Gateway.chat`).
+
+        Args:
+            messages: OpenAI-style messages.
+            scope: Default: the one given to `@governed`.
+            stream: As in `Gateway.chat`.
+            fail_fast: As in `Gateway.call`.
+            **params: Sent to the provider as they are.
+
+        Returns:
+            The call's result; ``value`` is a `ChatResult`.
+
+        Raises:
+            ValueError: No scope was given here or to `@governed`.
+        """
         gateway, chosen = self.runtime.gateway, self._scope(scope)
         return await self._governed(
             lambda: gateway.chat(chosen, messages, stream=stream, fail_fast=fail_fast, **params),
@@ -167,6 +182,7 @@ class AsyncGovernedCalls(_Calls):
     async def embed(
         self, inputs: Sequence[str] | str, *, scope: str | None = None, fail_fast: bool = False
     ) -> CallResult:
+        """Embeddings of `inputs` (`Gateway.embed`); `scope` as in `chat`."""
         gateway, chosen = self.runtime.gateway, self._scope(scope)
         return await self._governed(
             lambda: gateway.embed(chosen, inputs, fail_fast=fail_fast), chosen
@@ -181,6 +197,7 @@ class AsyncGovernedCalls(_Calls):
         prompt: str | None = None,
         fail_fast: bool = False,
     ) -> CallResult:
+        """The text in `image` (`Gateway.ocr`); `scope` as in `chat`."""
         gateway, chosen = self.runtime.gateway, self._scope(scope)
         return await self._governed(
             lambda: gateway.ocr(chosen, image, mime=mime, prompt=prompt, fail_fast=fail_fast),
@@ -190,6 +207,7 @@ class AsyncGovernedCalls(_Calls):
     async def call(
         self, payload: Any, *, scope: str | None = None, est_tokens: int = 0
     ) -> CallResult:
+        """A call of a custom `payload` (`Gateway.call`); `scope` as in `chat`."""
         gateway, chosen = self.runtime.gateway, self._scope(scope)
         return await self._governed(
             lambda: gateway.call(chosen, payload, est_tokens=est_tokens), chosen
@@ -208,13 +226,17 @@ class GovernedCalls:
         return self._calls.reused
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> CallResult:
+        """A chat completion: as `AsyncGovernedCalls.chat`, blocking."""
         return self._calls.runtime.run(self._calls.chat(messages, **kwargs))
 
     def embed(self, inputs: Sequence[str] | str, **kwargs: Any) -> CallResult:
+        """Embeddings: as `AsyncGovernedCalls.embed`, blocking."""
         return self._calls.runtime.run(self._calls.embed(inputs, **kwargs))
 
     def ocr(self, image: bytes, **kwargs: Any) -> CallResult:
+        """OCR: as `AsyncGovernedCalls.ocr`, blocking."""
         return self._calls.runtime.run(self._calls.ocr(image, **kwargs))
 
     def call(self, payload: Any, **kwargs: Any) -> CallResult:
+        """A call of a custom payload: as `AsyncGovernedCalls.call`, blocking."""
         return self._calls.runtime.run(self._calls.call(payload, **kwargs))

@@ -39,12 +39,12 @@ from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 from kombu.exceptions import EncodeError
 
-from polygate_celery.celery.deferral import defer, requeue_copy
+from polygate_celery.celery.deferral import defer, requeue_copy, trace_of
 from polygate_celery.celery.guard import ExecutionGuard, patiently, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
 from polygate_celery.celery.registry import GOVERNED, SCOPE, governed_tasks
-from polygate_celery.celery.runtime import registered_config, runtime_for
+from polygate_celery.celery.runtime import WorkerRuntime, registered_config, runtime_for
 from polygate_celery.config.loading import load_config
 from polygate_celery.errors import (
     AllSourcesExhausted,
@@ -52,6 +52,7 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     PolygateError,
 )
+from polygate_celery.telemetry import run_trace
 
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("polygate_celery")
@@ -77,10 +78,26 @@ def governed(
 ) -> Callable[[F], F]:
     """Give a task body a handle for governed calls and map their verdicts onto Celery.
 
-    `scope` is the calls' default scope. With `reuse_results`, results a run
-    already paid for are kept and reused when the task runs again after a
-    deferral. `bound` says whether Celery binds the task (default: the first
-    parameter is named ``self``).
+    Put it below Celery's own decorator (``@app.task``, then ``@governed(...)``).
+    The body's first parameter (its second with ``bind=True``) receives a
+    `GovernedCalls`, or an `AsyncGovernedCalls` for an ``async def`` body;
+    callers of the task leave it out. A verdict that the scope is unavailable
+    defers the task (it runs again later); ``retry_exhausted``, a fatal request
+    and a spent deferral budget fail it.
+
+    Args:
+        scope: The calls' default scope (a call may name another).
+        reuse_results: Keep each result a run paid for, and reuse it when the
+            task runs again after a deferral instead of asking the provider again.
+        bound: Whether Celery binds the task. Default: the first parameter is
+            named ``self``.
+
+    Returns:
+        The decorator.
+
+    Raises:
+        TypeError: When it decorates: it was put above ``@app.task``, or the
+            body has no parameter for the handle.
     """
 
     def decorate(fn: F) -> F:
@@ -172,6 +189,28 @@ def _run(
     reuse: bool,
 ) -> Any:
     runtime = runtime_for(task.app)
+    if not runtime.telemetry.active:
+        return _run_governed(task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse)
+    # Hooks listen: the run's trace context is theirs to read (a deferred message's
+    # link) and to set (what a deferral carries on); its calls inherit it.
+    token = run_trace.set(trace_of(task))
+    try:
+        return _run_governed(task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse)
+    finally:
+        run_trace.reset(token)
+
+
+def _run_governed(
+    task: Task[Any, Any],
+    runtime: WorkerRuntime,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    handle_at: int,
+    is_async: bool,
+    scope: str | None,
+    reuse: bool,
+) -> Any:
     _hand_back_unpublished_retries(task)
     run = RunIdentity.of(task)
     guard = ExecutionGuard(runtime, task, run)

@@ -76,23 +76,36 @@ def configure_worker(
     consumer_timeout_s: float = RABBITMQ_CONSUMER_TIMEOUT_S,
     hooks: Sequence[TelemetryHook] = (),
 ) -> dict[str, Any]:
-    """Configure `app` for governed tasks; returns the settings it applied.
+    """Configure `app` for governed tasks.
 
     The broker is the app's (``broker_url``; Celery's default ``amqp://`` when
-    none is set): call this once it is set. On Redis the visibility timeout is
-    the hard time limit plus `visibility_margin_s` unless the app sets one. On
-    RabbitMQ, `consumer_timeout_s` is the broker's ``consumer_timeout`` for the
-    workers' queues (RabbitMQ's default 30 min; ``math.inf`` when disabled);
-    a hard time limit that is not shorter is refused.
+    none is set): call this once it is set. Time limits the app already sets
+    are kept (and checked against the broker's visibility or consumer timeout);
+    per-task ``time_limit`` options are not checked. The threads and solo pools
+    do not enforce time limits at all: a run that outlives the broker's timeout
+    there is delivered twice.
 
-    `hooks` receive the telemetry of every worker process's governed calls and
-    deferrals (e.g. `polygate_celery.metrics.PrometheusHook()`); a runtime made
-    before this call keeps the hooks it had.
+    Args:
+        app: The Celery app whose tasks are governed.
+        config: The configuration its workers use (`load_config`).
+        calls_per_task: Governed calls one task makes at most, for the time limits.
+        extra_task_s: Seconds a task spends beside its governed calls.
+        visibility_margin_s: On a Redis broker, the visibility timeout is the
+            hard time limit plus this, unless the app sets one.
+        consumer_timeout_s: On RabbitMQ, the broker's ``consumer_timeout`` for
+            the workers' queues (RabbitMQ's default 30 min; ``math.inf`` when
+            disabled); a hard time limit that is not shorter is refused.
+        hooks: Telemetry hooks for every worker process's governed calls and
+            deferrals (e.g. `polygate_celery.metrics.PrometheusHook()`); a
+            runtime made before this call keeps the hooks it had.
 
-    Time limits the app already sets are kept (and checked against the
-    broker's visibility or consumer timeout); per-task ``time_limit`` options
-    are not checked. The threads and solo pools do not enforce time limits at
-    all: a run that outlives the broker's timeout there is delivered twice.
+    Returns:
+        The Celery settings it applied to ``app.conf``.
+
+    Raises:
+        ConfigError: A setting the broker cannot honour: a Redis visibility
+            timeout or a RabbitMQ consumer timeout shorter than the hard time
+            limit, a broker URL that does not parse, ``calls_per_task`` below 1.
     """
     settings = worker_settings(
         app,
@@ -131,7 +144,9 @@ WHY = {
     "accept_content": "Celery messages are JSON only",
     "result_accept_content": "Celery messages are JSON only",
     "event_serializer": "Celery messages are JSON only",
-    "worker_cancel_long_running_tasks_on_connection_loss": "its cancel loses tasks (README)",
+    "worker_cancel_long_running_tasks_on_connection_loss": (
+        "its cancel loses tasks (docs/concepts/guarantees.md)"
+    ),
     "result_backend_always_retry": "a result stored during a Redis restart is retried",
     "task_publish_retry_policy": "publishes from a task ride out a broker restart",
 }

@@ -24,6 +24,12 @@ BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that left
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser().parse_args(argv))
+
+
+def build_parser() -> ArgumentParser:
+    """The command line's parser, every command's under it (the manual's reference is
+    generated from it)."""
     parser = ArgumentParser(
         prog="polygate-celery", description="Governed AI model calls from Celery workers."
     )
@@ -32,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for command in (demo, status, check_config, source, metrics, example):
         command.add_command(commands)
     commands.choices["demo"].set_defaults(extra="demo")  # whichever of its modules is missing
-    return run_command(parser.parse_args(argv))
+    return parser
 
 
 def run_command(args: argparse.Namespace) -> int:

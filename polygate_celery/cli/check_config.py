@@ -167,9 +167,11 @@ def effective_configuration(config: GatewayConfig) -> str:
                 f"{k} {v}" for k, v in (("rpm", shared.rpm), ("tpm", shared.tpm)) if v
             )
             if shared.rpm:
-                limits += {"sliding": " (rpm in a sliding window)", "bucket": " (rpm as a bucket)"}[
-                    shared.rpm_window
-                ]
+                limits += {
+                    "sliding": " (rpm in a sliding window)",
+                    "bucket": " (rpm as a bucket)",
+                    None: " (rpm as a bucket, or the provider's windows when it shows them)",
+                }[shared.rpm_window]
             notes = {"quota": f"shared: {limits or 'no limit'}"}
         else:
             notes = {}

@@ -21,19 +21,21 @@ from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.governance.plan import source_terms
 from polygate_celery.store.base import SourceSnapshot
 
+NAME_HELP = "the source's name in the configuration"
+
 
 def add_command(commands: Commands) -> None:
     parser = commands.add_parser("source", help="pause, resume or reset a source fleet-wide")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     pause = actions.add_parser("pause", help="stop admitting calls to NAME for SECONDS")
-    pause.add_argument("name", metavar="NAME")
-    pause.add_argument("seconds", metavar="SECONDS", type=_seconds)
+    pause.add_argument("name", metavar="NAME", help=NAME_HELP)
+    pause.add_argument("seconds", metavar="SECONDS", type=_seconds, help="how long, in seconds")
     resume = actions.add_parser("resume", help="lift NAME's pause")
-    resume.add_argument("name", metavar="NAME")
+    resume.add_argument("name", metavar="NAME", help=NAME_HELP)
     reset = actions.add_parser(
         "reset", help="clear NAME's breaker, adaptive limit (back to its initial value) and pause"
     )
-    reset.add_argument("name", metavar="NAME")
+    reset.add_argument("name", metavar="NAME", help=NAME_HELP)
     for action in (pause, resume, reset):
         add_config_option(action)
         action.set_defaults(run=run)

@@ -88,17 +88,24 @@ async def _read_source(store: RedisStore, config: GatewayConfig, name: str) -> S
     )
 
 
+def _lot_of(name: str) -> str:
+    """The lot a key under the parked prefix belongs to: the lot's own sorted set,
+    ``<lot>:msg``, ``<lot>:claim``, ``<lot>:dead``, or a scope's index
+    ``<lot>:scope:<scope>`` and its probe marker ``<lot>:scope:<scope>:probe``."""
+    base, found, _ = name.partition(":scope:")
+    if found and base:
+        return base
+    base, _, suffix = name.rpartition(":")
+    return base if base and suffix in {"msg", "claim", "dead"} else name
+
+
 async def _read_lots(store: RedisStore, app: str | None) -> tuple[LotReading, ...]:
     """`app`'s lots (one per broker), or every lot under the prefix."""
     client = store.client
     prefix = store.keys.parked("")
     names = set()
     async for key in client.scan_iter(match=f"{prefix}{app}@*" if app else f"{prefix}*"):
-        name = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
-        base, _, suffix = name.rpartition(":")
-        if base and suffix in {"msg", "claim", "dead"}:
-            name = base
-        names.add(name)
+        names.add(_lot_of((key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]))
     if not names:
         return ()
     seconds, micros = await client.time()

@@ -156,7 +156,23 @@ def _unwrapped(annotation: Any) -> Any:
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> GatewayConfig:
-    """Load the configuration from `path` (or ``$POLYGATE_CONFIG``) and the environment."""
+    """Load the configuration from a TOML file and ``POLYGATE_*`` environment variables.
+
+    Precedence, highest first: `overrides`, the environment, the file.
+
+    Args:
+        path: The TOML file. Default: the one ``$POLYGATE_CONFIG`` names, else
+            none (the environment alone).
+        **overrides: Top-level settings that win over both (``scopes={...}``).
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: The file cannot be read or is not TOML, a setting is not
+            valid, or a ``POLYGATE_*`` variable looks like a setting but names
+            none; `problems` lists every one by its dotted path, never its value.
+    """
     if path is None and os.environ.get(CONFIG_PATH_ENV):
         path = os.environ[CONFIG_PATH_ENV]
     toml_path = Path(path) if path is not None else None
@@ -186,7 +202,18 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> GatewayConf
 
 
 def parse_config(data: dict[str, Any]) -> GatewayConfig:
-    """Validate a configuration given as a mapping (no file, no environment)."""
+    """Validate a configuration given as a mapping (no file, no environment).
+
+    Args:
+        data: The configuration as TOML would give it: ``{"sources": {...},
+            "scopes": {...}}``.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: A setting is not valid; `problems` lists every one.
+    """
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:

@@ -61,16 +61,17 @@ __all__ = [
 ]
 
 
-def _check_window(window: RpmWindow, rpm: int | None, remedy: str) -> None:
-    """A window other than the default must have an rpm of its own to count."""
-    if window != "bucket" and rpm is None:
+def _check_window(window: RpmWindow | None, rpm: int | None, remedy: str) -> None:
+    """A sliding window must have an rpm of its own to count."""
+    if window not in (None, "bucket") and rpm is None:
         raise ValueError(f"rpm_window applies to rpm: {remedy}")
 
 
 RPM_WINDOW_HELP = (
     "how rpm is counted: bucket (a minute's worth at once, then evenly, as providers that "
-    "refill continuously count) or sliding (at most rpm in any minute: for a provider "
-    "that counts in fixed windows)"
+    "refill continuously count) or sliding (at most rpm in any minute); unset: as a "
+    "bucket, unless the provider's rate-limit reset headers show that it counts in "
+    "windows, whose ends requests then follow"
 )
 
 
@@ -183,7 +184,7 @@ class SourceConfig(SourceSettings):
     tpm: int | None = Field(
         None, ge=1, le=MAX_TPM, description="tokens per minute (a private quota)"
     )
-    rpm_window: RpmWindow = Field("bucket", description=RPM_WINDOW_HELP)
+    rpm_window: RpmWindow | None = Field(None, description=RPM_WINDOW_HELP)
     quota: Name | None = Field(None, description="name of a shared quota in [quotas]")
     _key: SecretStr | None = PrivateAttr(None)
 
@@ -249,7 +250,7 @@ class QuotaConfig(_Strict):
 
     rpm: int | None = Field(None, ge=1, le=MAX_RPM, description="requests per minute")
     tpm: int | None = Field(None, ge=1, le=MAX_TPM, description="tokens per minute")
-    rpm_window: RpmWindow = Field("bucket", description=RPM_WINDOW_HELP)
+    rpm_window: RpmWindow | None = Field(None, description=RPM_WINDOW_HELP)
 
     @model_validator(mode="after")
     def _window_needs_rpm(self) -> Self:

@@ -147,3 +147,24 @@ def check_http_url(url: str) -> None:
         raise ValueError(f"the URL has no host ({example})")
     if any(ch.isspace() for ch in url):
         raise ValueError(f"the URL holds white space ({example})")
+
+
+def origin_of(url: str | None) -> str | None:
+    """The origin of an HTTP(S) `url`: ``scheme://host:port`` (the scheme's default port
+    when none is written), without its user, password, path, query or fragment, any of
+    which may carry a credential (an ``api-key`` query, a token in the path). None for
+    no URL or one that does not split."""
+    if not url:
+        return None
+    try:
+        parts = split_url(url)
+        port = parts.port
+    except ValueError:
+        return None
+    host, scheme = parts.hostname, parts.scheme.lower()
+    if not host or scheme not in ("http", "https"):
+        return None
+    if port is None:
+        port = 443 if scheme == "https" else 80
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    return f"{scheme}://{host}:{port}"

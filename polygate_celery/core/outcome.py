@@ -8,7 +8,7 @@ from typing import Any
 
 
 class OutcomeKind(enum.Enum):
-    """The classification of one attempt (SPEC §5), which the loop acts on."""
+    """The classification of one attempt, which the loop acts on."""
 
     SUCCESS = "success"
     RATE_LIMITED = "rate_limited"
@@ -44,7 +44,7 @@ class Outcome:
     body is an `Outcome`, so the loop is the only place that decides what to do.
     `reason` is a short, secret-free description (never a key, never a prompt).
     `first_token_cut` marks a timeout of the first-token limit (`ttft_timeout_s`):
-    a failover trigger the loop acts on at once, without a backoff (SPEC §3 rule 17).
+    a failover trigger the loop acts on at once, without a backoff.
     """
 
     kind: OutcomeKind

@@ -27,10 +27,21 @@ whose answers announce a limit and what remains of it gets a bucket of that
 limit, charged on each admission like a declared one and moved forward by each
 announcement, fleet-wide, until `LEARNED_TTL_S` passes without one. It holds
 beside any declared quota.
+
+**Learned windows** (requests, `counts_in_windows`): an answer also says when its
+limit is fully replenished (its reset). A bucket's reset is the time its spent share
+takes to refill, ``(limit - remaining) * 60 / limit``; a provider that counts in
+windows announces the end of its window instead, far from that (the first request of
+a window: one spent, the reset a minute away). While such answers keep coming (within
+`WINDOW_KEPT_S`), and unless the user declared `rpm_window`, requests follow the
+provider's own window (`window_take`): what remains of it until it ends, then the
+whole limit, the declared rpm (if lower) included; the declared bucket is then only
+charged, as a sliding window charges it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 PERIOD_S = 60.0
@@ -125,7 +136,7 @@ def gcra_spent(tat: float, now: float, limit: int) -> float:
 
 
 def requests_spent(
-    rpm: int | None, window: str, in_window: int, tat: float, now: float
+    rpm: int | None, window: str | None, in_window: int, tat: float, now: float
 ) -> float | None:
     """Requests of the minute's allowance spent as of `now`: the admissions in the sliding
     window, or the bucket's spent share (None without an rpm limit)."""
@@ -153,3 +164,78 @@ def gcra_book(dims: Sequence[tuple[float, float, int]], now: float) -> tuple[flo
         slot = max(slot, now + max(tat - now, 0.0) + _charge_s(cost, limit) - PERIOD_S)
     late = slot + ARRIVAL_MARGIN_S
     return slot, [max(tat, late) + _charge_s(cost, limit) for tat, cost, limit in dims]
+
+
+RESET_EVIDENCE_S = 10.0
+"""How far an announced reset must be from a bucket's refill time (beyond one request's
+refill) to show a window: more than a reset's rounding (Anthropic's whole seconds),
+the answer's own latency and a modest skew of the provider's clock."""
+WINDOW_KEPT_S = 300.0
+"""Requests follow the provider's window this long after the last answer that showed
+one (a provider counting in windows shows it at the start of each window it is used in)."""
+
+
+def counts_in_windows(
+    limit: int | None, remaining: int | None, reset_s: float | None
+) -> bool | None:
+    """Whether an answer's announced requests limit, remaining and reset show a provider
+    that counts in windows (True), are what a bucket would announce (False), or say
+    nothing of it (None: absent, out of range, or a reset longer than a period, such as
+    a daily limit's).
+
+    A bucket with ``limit - remaining`` spent is full again ``(limit - remaining) * 60 /
+    limit`` seconds on (less up to one request's refill, as `remaining` is rounded
+    down); a reset further from that than `RESET_EVIDENCE_S` is a window's end.
+    """
+    if limit is None or remaining is None or reset_s is None:
+        return None
+    if limit < 1 or not 0 <= remaining <= limit:
+        return None
+    if not math.isfinite(reset_s) or not 0 <= reset_s <= PERIOD_S + RESET_EVIDENCE_S:
+        return None
+    refill = (limit - remaining) * PERIOD_S / limit
+    return abs(reset_s - refill) > PERIOD_S / limit + RESET_EVIDENCE_S
+
+
+def window_learn(
+    end: float, left: float, now: float, remaining: int, reset_s: float
+) -> tuple[float, float]:
+    """The provider's window ``(end, left)`` once an answer announced `remaining` and a
+    reset `reset_s` from `now` (both already checked by `counts_in_windows`).
+
+    With no window running, the announced one is taken. Else an announcement of the same
+    window (its end no more than `RESET_EVIDENCE_S` before the one known) may only take
+    from what is left and push the end later, never give back what the fleet counted; an
+    earlier end is an answer of a window past (it came late) and is not taken.
+    """
+    announced = now + reset_s
+    if end <= now:
+        return announced, float(remaining)
+    if announced >= end - RESET_EVIDENCE_S:
+        return max(end, announced), min(left, float(remaining))
+    return end, left
+
+
+def window_take(
+    end: float, left: float, now: float, limit: int, declared: int | None = None
+) -> tuple[float, float] | float:
+    """One request in the provider's window of `limit`: the new ``(end, left)``, or
+    seconds to wait. A `declared` rpm lower than the limit holds back the difference.
+
+    What is left is spent until `ARRIVAL_MARGIN_S` before the window ends (a request
+    admitted later might reach the provider in the next window); from the end on, a new
+    window opens, its end guessed a period after the request reaches the provider, until
+    an answer announces it.
+    """
+    if now >= end:
+        return now + ARRIVAL_MARGIN_S + PERIOD_S, float(limit - 1)
+    held_back = max(0, limit - declared) if declared is not None else 0
+    if left - held_back >= 1 and now < end - ARRIVAL_MARGIN_S:
+        return end, left - 1
+    return end - now
+
+
+def window_charge(end: float, left: float, now: float) -> float:
+    """What is left of the provider's window after one request admitted while requests
+    are counted as a bucket (the window is only kept up to date, not enforced)."""
+    return max(0.0, left - 1) if now < end else left

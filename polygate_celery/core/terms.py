@@ -34,13 +34,14 @@ class QuotaTerms:
 
     `name` is the quota group: sources that share a provider key share one.
     `rpm_window` says how requests are counted (see `core.quota`); tokens always
-    use the bucket.
+    use the bucket. None (not declared): as a bucket, unless the provider's answers
+    show that it counts in windows, which requests then follow.
     """
 
     name: str
     rpm: int | None = None
     tpm: int | None = None
-    rpm_window: RpmWindow = "bucket"
+    rpm_window: RpmWindow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +51,9 @@ class SourceTerms:
     breaker: BreakerTerms = BreakerTerms()
     aimd: AimdTerms = AimdTerms()
     quota: QuotaTerms | None = None
+
+
+def follows_provider_windows(quota: QuotaTerms | None) -> bool:
+    """Whether requests follow the provider's windows when its answers show them: unless
+    the user declared how rpm is counted (`rpm_window`)."""
+    return quota is None or quota.rpm_window is None

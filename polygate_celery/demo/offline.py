@@ -3,9 +3,11 @@
 A simulated fleet workload in virtual time: a chat scope whose primary source
 has an outage and less capacity than its configured cap (so it answers 429 until
 the adaptive limit settles), falling back to a quota-limited hosted source; and
-an embedding scope with occasional server errors. Then the seed's queueing
-gateway, on chat and on embedding. Minutes of simulated traffic run in well
-under a second and end with a summary of every call.
+an embedding scope with occasional server errors. Then one call of each kind
+(chat, embedding) to a provider that queues instead of refusing: it holds every
+request for the full timeout and then answers 429, and the demo shows when and
+how each call gives up. Minutes of simulated traffic run in well under a second
+and end with a summary of every call.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ async def _progress(out: TextIO, work: Workload) -> None:
     print(f"  t={now:4.0f}s  done {done:4d}/{work.total}  " + "  ".join(parts), file=out)
 
 
-async def _queueing_gateway(kind: str) -> tuple[str, int, float]:
+async def _queueing_provider(kind: str) -> tuple[str, int, float]:
     clock = VirtualClock()
     source = ScriptedSource.always(clock, steps.rate_limited(duration_s=300))
     config = parse_config(
@@ -201,6 +203,13 @@ def _table(out: TextIO, columns: list[str], rows: list[list[Any]]) -> None:
 
 
 VERDICTS = ["success", "stalled", "retry_exhausted", "deadline", "fatal"]
+MEANING = {
+    "success": "answered",
+    "stalled": "no progress for the stall window; under Celery the task is deferred",
+    "retry_exhausted": "its retries used up; under Celery the task fails",
+    "deadline": "out of time; under Celery the task is deferred",
+    "fatal": "a request that cannot succeed; under Celery the task fails",
+}
 
 
 async def run_demo(out: TextIO = sys.stdout, seconds: int = 300) -> int:
@@ -209,8 +218,14 @@ async def run_demo(out: TextIO = sys.stdout, seconds: int = 300) -> int:
         "polygate_celery demo: governed calls on the in-memory store, in virtual time\n", file=out
     )
     print(
-        f"  summarise (chat, {ARRIVALS['summarise']}/s): vllm (cap 8, real capacity 5, "
-        f"down {OUTAGE[0]:.0f}-{OUTAGE[1]:.0f} s) then hosted (cap 4, 90 rpm)",
+        "Three scopes (kinds of work) call their sources (model endpoints) in order. Per "
+        "scope: its calls a\nsecond; per source: its cap (calls at once it is allowed) and "
+        "what it really does.",
+        file=out,
+    )
+    print(
+        f"  summarise (chat, {ARRIVALS['summarise']}/s): vllm (cap 8, serves 5 at once, "
+        f"down {OUTAGE[0]:.0f}-{OUTAGE[1]:.0f} s) then hosted (cap 4, 90 a minute)",
         file=out,
     )
     print(
@@ -219,6 +234,12 @@ async def run_demo(out: TextIO = sys.stdout, seconds: int = 300) -> int:
     print(
         f"  ocr (ocr, {ARRIVALS['ocr']}/s): ocr-gpu (cap 2, "
         f"down {OCR_OUTAGE[0]:.0f}-{OCR_OUTAGE[1]:.0f} s)\n",
+        file=out,
+    )
+    print(
+        "Every simulated minute: calls done, and per source its calls in flight / its "
+        "current limit (adaptive,\nat most the cap) and its breaker (closed: calls go "
+        "through; open: refused while it is down).",
         file=out,
     )
     real_start = time.perf_counter()
@@ -262,13 +283,18 @@ async def run_demo(out: TextIO = sys.stdout, seconds: int = 300) -> int:
     _table(out, ["source", "success", "429", "transient", "permit limit", "breaker"], rows)
 
     print(
-        "\nThe seed's queueing gateway (every request held 300 s, then 429; "
-        "timeout_s = stall_window_s = 300):",
+        "\nOne call to a provider that queues instead of refusing (it holds every request "
+        "300 s, then\nanswers 429; timeout_s = stall_window_s = 300). How each kind of call "
+        "ends:",
         file=out,
     )
     for kind in ("chat", "embedding"):
-        verdict, attempts, elapsed = await _queueing_gateway(kind)
-        print(f"  {kind:10s} {verdict} after {attempts} attempt(s), {elapsed:.0f} s", file=out)
+        verdict, attempts, elapsed = await _queueing_provider(kind)
+        print(
+            f"  {kind:10s} {verdict} after {attempts} attempt(s), {elapsed:.0f} s: "
+            f"{MEANING[verdict]}",
+            file=out,
+        )
 
     missing = work.total - accounted
     print(

@@ -8,7 +8,9 @@ for a while in the middle, and a Celery worker process running the example's
 repository; shipped with the package, so a pip install runs it too). It sends a
 few hundred tasks (OCR every page, embed it, summarise each document), shows their
 progress live, ends with a summary in which every task is accounted for, and stops
-everything it started, also on Ctrl-C.
+everything it started, also on Ctrl-C, SIGTERM and SIGHUP (`lifecycle`). With
+``keep`` it leaves its Redis and its configuration up after the run, for
+``polygate-celery status``.
 """
 
 from __future__ import annotations
@@ -17,18 +19,28 @@ import contextlib
 import importlib
 import json
 import os
-import signal
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from polygate_celery.demo.display import Display, Frame, ScopeState, plot_timeline
+from polygate_celery.demo.lifecycle import (
+    cli_command,
+    status_command,
+    stopped_by_signals,
+    toml_text,
+    worker_process,
+)
 from polygate_celery.embedded import EmbeddedRedis, answers
 
 SCOPES = ("ocr", "embed", "summarise")
@@ -113,25 +125,9 @@ class Tracker:
         return all(self.states.get(i) in TERMINAL for ids in self.ids.values() for i in ids)
 
 
-@contextlib.contextmanager
-def worker_process(env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    command = [sys.executable, "-m", "celery", "-A", TASKS, "worker",
-               "--pool", "threads", "--concurrency", "24", "--loglevel", "ERROR",
-               "--without-heartbeat", "--without-mingle", "--without-gossip"]  # fmt: skip
-    process = subprocess.Popen(
-        command, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
+WORKER = ("-m", "celery", "-A", TASKS, "worker", "--pool", "threads", "--concurrency", "24",
+          "--loglevel", "ERROR", "--without-heartbeat", "--without-mingle",
+          "--without-gossip")  # fmt: skip
 
 
 def page_images(document: int, pages: int) -> list[bytes]:
@@ -171,23 +167,52 @@ def run_pipeline(
     timeout_s: float = 300.0,
     outage: tuple[float, float] = OUTAGE,
     plot: Path | None = None,
+    keep: bool = False,
 ) -> Report:
-    """Run the demo and say what it did. Raises `DemoError`.
+    """Run the demo and say what it did. Raises `DemoError`, and `Stopped` on SIGTERM or
+    SIGHUP once everything it started is stopped.
 
     `outage` is in seconds after the summariser's first request; `plot`, a PNG to draw
-    the run's timeline to."""
+    the run's timeline to; `keep`, leave the Redis and the run's configuration up after
+    a finished run, and say how to look at them and how to stop them."""
+    with stopped_by_signals():
+        return _run(documents, pages, redis_url, out, timeout_s, outage, plot, keep)
+
+
+def _run(
+    documents: int,
+    pages: int,
+    redis_url: str | None,
+    out: TextIO,
+    timeout_s: float,
+    outage: tuple[float, float],
+    plot: Path | None,
+    keep: bool,
+) -> Report:
     from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider  # noqa: PLC0415
 
     started = time.monotonic()
     url = redis_url or os.environ.get("POLYGATE_REDIS_URL")
+    run_dir = Path(tempfile.mkdtemp(prefix="polygate-demo-"))
+    server: EmbeddedRedis | None = None
+    kept = False
+
+    def clean_up() -> None:
+        if not kept:
+            if server is not None:
+                server.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+
     with contextlib.ExitStack() as stack:
+        stack.callback(clean_up)
         if url:
             if not answers(url, 2.0):
                 raise DemoError(f"cannot reach Redis at {_where(url)}")
             where = _where(url)
         else:
-            url = stack.enter_context(EmbeddedRedis()).url
-            where = f"an embedded server on port {_where(url).rsplit(':', 1)[-1]}"
+            server = EmbeddedRedis(directory=run_dir / "redis")
+            url = server.start().url
+            where = f"an embedded server on port {server.port}"
         models = json.loads((EXAMPLE / "models.json").read_text())
         for model in ("summariser", "summariser-small"):
             models[model]["outages"] = [list(outage)]
@@ -196,14 +221,19 @@ def run_pipeline(
         provider = stack.enter_context(
             SimulatedProvider({k: ModelBehaviour.from_dict(v) for k, v in models.items()})
         )
-        env = _worker_env(url, provider.url)
-        worker = stack.enter_context(worker_process({**os.environ, **env}))
+        config = run_dir / "polygate.toml"
+        env = _worker_env(url, provider.url, config)
+        worker = stack.enter_context(
+            worker_process([sys.executable, *WORKER], {**os.environ, **env})
+        )
         print(f"polygate_celery demo: Redis at {where}; simulated provider at {provider.url};"
               f" a worker (threads pool, 24).", file=out)  # fmt: skip
         print(f"The summariser is configured for 60 requests a minute but allows "
               f"{PROVIDER_RPM}; it and its small fallback (2 at a time) go down for "
               f"{outage[1] - outage[0]:.0f} s from the first summary request, longer than the "
-              f"6 s stall window.\n", file=out)  # fmt: skip
+              f"6 s stall window.", file=out)  # fmt: skip
+        print(f"To watch the governance state from another terminal while it runs:\n"
+              f"  {status_command(config)} --watch\n", file=out)  # fmt: skip
         app, tracker = _send(env, documents, pages)
         print(f"Sent {documents} documents of {pages} pages: {tracker.total} tasks.\n", file=out)
         _watch(app, tracker, provider, worker, out, started, timeout_s)
@@ -218,7 +248,26 @@ def run_pipeline(
                 _outage_at(provider, outage),
             )
             print(f"Timeline: {plot}", file=out)
+        kept = keep
+        print(_next_steps(config, server if kept else None, run_dir if kept else None), file=out)
         return _report(tracker, provider.journal, _outage_at(provider, outage), started)
+
+
+def _next_steps(config: Path, server: EmbeddedRedis | None, kept: Path | None) -> str:
+    """Where to read on; with `--keep`, what was kept, how to look at it and how to stop it."""
+    line = (f"Next: README.md (how it works, deployment); the code you just ran: {EXAMPLE}"
+            " (examples/pipeline in the repository).")  # fmt: skip
+    if kept is None:
+        return line + (f" To look at its Redis after a run: {cli_command()} demo --keep "
+                       "(it prints how).")  # fmt: skip
+    if server is not None:
+        what = f"its Redis (pid {server.pid}) and its configuration ({config})"
+        stop = f"kill {server.pid}; rm -r {shlex.quote(str(kept))}"
+    else:
+        what = f"its configuration ({config}); its keys stay in that Redis"
+        stop = f"rm -r {shlex.quote(str(kept))}"
+    return (f"{line}\nKept {what}. The worker and the simulated provider are stopped.\n"
+            f"  look: {status_command(config)}\n  stop: {stop}")  # fmt: skip
 
 
 def _report(
@@ -261,9 +310,12 @@ def _where(url: str) -> str:
     return tail.split("/", 1)[0]
 
 
-def _worker_env(redis_url: str, provider_url: str) -> dict[str, str]:
+def _worker_env(redis_url: str, provider_url: str, config: Path) -> dict[str, str]:
+    """The worker's settings, also written to `config` for `polygate-celery status`.
+
+    The variables win over any ``POLYGATE_*`` the user's shell holds, so the worker
+    runs what the demo describes."""
     env = {
-        "POLYGATE_CONFIG": str(EXAMPLE / "polygate.toml"),
         "POLYGATE_STORE__REDIS_URL": redis_url,
         "POLYGATE_STORE__KEY_PREFIX": f"demo-{uuid.uuid4().hex[:8]}",
         "POLYGATE_SCOPES__SUMMARISE__STALL_WINDOW_S": "6",
@@ -271,7 +323,15 @@ def _worker_env(redis_url: str, provider_url: str) -> dict[str, str]:
     }
     for source in SOURCES:
         env[f"POLYGATE_SOURCES__{source.upper()}__BASE_URL"] = provider_url
-    return env
+    settings = tomllib.loads((EXAMPLE / "polygate.toml").read_text())
+    for name, value in env.items():
+        *path, last = name.removeprefix("POLYGATE_").lower().split("__")
+        table = settings
+        for part in path:
+            table = table.setdefault(part, {})
+        table[last] = int(value) if value.isdigit() else value
+    config.write_text(toml_text(settings))
+    return {"POLYGATE_CONFIG": str(config), **env}
 
 
 def _send(env: dict[str, str], documents: int, pages: int) -> tuple[Any, Tracker]:
@@ -334,6 +394,7 @@ def _frame(tracker: Tracker, provider: Any, now: float) -> Frame:
         t=now,
         scopes=[tracker.scope_state(scope) for scope in SCOPES],
         requests=len(journal),
+        served=sum(1 for entry in journal if entry.status == 200),
         limited=sum(1 for entry in journal if entry.status == 429),
         down=sum(1 for entry in journal if entry.status == 503),
     )
@@ -366,9 +427,6 @@ def _summary(
     for line in recovery_lines(provider.journal, _outage_at(provider, outage)):
         print(line, file=out)
     print(closing_line(tracker), file=out)
-    print(f"Next: README.md (how it works, deployment); the code you just ran: {EXAMPLE}"
-          " (examples/pipeline in the repository); polygate-celery status (a live view of the"
-          " governance state).", file=out)  # fmt: skip
 
 
 def recovery_lines(journal: Sequence[Any], outage: tuple[float, float] | None) -> list[str]:

@@ -34,23 +34,34 @@ from polygate_celery.telemetry import Telemetry, TelemetryHook
 class Gateway:
     """Runs calls to the scopes of `config` through the governance loop.
 
-    `sources` maps each source name to its adapter (default: the HTTP adapters
-    the configuration describes). `store` defaults to the one the configuration
-    names: a `RedisStore` when `store.redis_url` is set, else an in-memory store
-    on the same `clock`; `clock` to the system clock; `random`
-    (uniform draws in [0, 1) for jitter) to `random.random`. With `scope_gate`,
-    a stalled verdict closes the scope for its `retry_after_s`: other calls
-    then end `stalled` at once, bar one probe at a time, until a success or
-    the time passes (what a Celery worker wants: tasks defer at once instead
-    of each waiting out a stall window). `caller` says who makes the calls
-    (SPEC §3 rule 15): "direct" for code that awaits them and cannot park,
-    whose transient failures on a scope that shows no progress burn the retry
-    budget unless their source's breaker is open; "task" for governed Celery
-    tasks, which park, so those failures are charged to waiting. Unset, it is
-    "task" with `scope_gate` (only a caller that parks closes a gate) and
-    "direct" without. A scope's `outage_is_waiting`, when set, holds for both.
-    Pass a `VirtualClock` and ``random=lambda: 0.0`` to run deterministically in
-    virtual time.
+    Make one per process and share it: it holds the store, the clock and the
+    sources' clients every call uses. Pass a `VirtualClock` and
+    ``random=lambda: 0.0`` to run deterministically in virtual time.
+
+    Args:
+        config: The scopes, sources, quotas and store (`load_config`, `parse_config`).
+        sources: Each source name's adapter. Default: the HTTP adapters the
+            configuration describes, closed by `aclose`.
+        store: Where governance state lives. Default: the one the configuration
+            names (a `RedisStore` when ``[store]`` names a Redis, else an in-memory
+            store on `clock`), closed by `aclose`.
+        clock: Default: the system clock.
+        random: Uniform draws in [0, 1) for jitter. Default: `random.random`.
+        hooks: Telemetry hooks; each receives every event of every call.
+        scope_gate: A stalled verdict closes the scope for its `retry_after_s`:
+            other calls then end `stalled` at once, bar one probe at a time,
+            until a success or the time passes (what a Celery worker wants:
+            tasks defer at once instead of each waiting out a stall window).
+        caller: Who makes the calls. ``"direct"``: code that awaits them and
+            cannot park, whose transient failures on a scope that shows no
+            progress burn the retry budget unless their source's breaker is
+            open. ``"task"``: governed Celery tasks, which park, so those
+            failures are charged to waiting. Default: ``"task"`` with
+            `scope_gate` (only a caller that parks closes a gate), else
+            ``"direct"``. A scope's `outage_is_waiting`, when set, holds for both.
+
+    Raises:
+        ConfigError: A scope uses a source that `sources` has no adapter for.
     """
 
     def __init__(
@@ -94,6 +105,11 @@ class Gateway:
         )
 
     def plan(self, scope: str) -> ScopePlan:
+        """The resolved settings of `scope` (its sources' terms, budgets and backoff).
+
+        Raises:
+            ConfigError: The configuration has no scope of that name.
+        """
         try:
             return self._plans[scope]
         except KeyError:
@@ -104,11 +120,22 @@ class Gateway:
     ) -> CallResult:
         """Run one governed call of `payload` in `scope`.
 
-        Returns the first success. Raises `AllSourcesExhausted` with a verdict,
-        `SourceFatalError` for a request no source can serve, or
-        `GovernanceBackendError` when the store cannot answer (nothing is sent).
-        With `fail_fast`, a call that finds nothing runnable raises at once
-        instead of waiting. `est_tokens` is reserved against TPM quotas.
+        Args:
+            scope: The scope's name in the configuration.
+            payload: What the sources' adapters send (`chat`, `embed` and `ocr`
+                build it for the HTTP adapters).
+            est_tokens: Tokens reserved against TPM quotas until the answer
+                reports what it used.
+            fail_fast: Raise at once when nothing is runnable, instead of waiting.
+
+        Returns:
+            The first success, with the source that served it and the attempt trail.
+
+        Raises:
+            AllSourcesExhausted: The loop gave up, with a verdict (`reason`).
+            SourceFatalError: A request no source can serve (never retried).
+            GovernanceBackendError: The store could not answer; nothing was sent.
+            ConfigError: The configuration has no scope of that name.
         """
         call = GovernedCall(self._runtime, self.plan(scope), payload, est_tokens, fail_fast)
         return await call.run()
@@ -122,9 +149,23 @@ class Gateway:
         fail_fast: bool = False,
         **params: Any,
     ) -> CallResult:
-        """A chat completion; `params` (temperature, max_tokens, ...) go to the provider.
+        """A chat completion, governed as `call` is.
 
-        The result's `value` is a `ChatResult` (`text`, `finish_reason`).
+        Args:
+            scope: A scope of kind ``chat``.
+            messages: OpenAI-style messages (``{"role": ..., "content": ...}``).
+            stream: Stream the answer. Default: the source's `stream` setting
+                (unset: streamed when the source has a `ttft_timeout_s`).
+            fail_fast: As in `call`.
+            **params: Sent to the provider as they are (temperature, max_tokens, ...).
+
+        Returns:
+            A `CallResult` whose `value` is a `ChatResult` (`text`, `finish_reason`).
+
+        Raises:
+            AllSourcesExhausted: As in `call`.
+            SourceFatalError: As in `call`.
+            GovernanceBackendError: As in `call`.
         """
         request = ChatRequest(list(messages), params, stream)
         return await self.call(
@@ -134,7 +175,21 @@ class Gateway:
     async def embed(
         self, scope: str, inputs: Sequence[str], *, fail_fast: bool = False
     ) -> CallResult:
-        """Embeddings of `inputs`, one batched request; `value` is an `EmbeddingResult`."""
+        """Embeddings of `inputs`, in one batched request, governed as `call` is.
+
+        Args:
+            scope: A scope of kind ``embedding``.
+            inputs: The texts (a single string is one input).
+            fail_fast: As in `call`.
+
+        Returns:
+            A `CallResult` whose `value` is an `EmbeddingResult` (`vectors`, in order).
+
+        Raises:
+            AllSourcesExhausted: As in `call`.
+            SourceFatalError: As in `call`.
+            GovernanceBackendError: As in `call`.
+        """
         request = EmbeddingRequest([inputs] if isinstance(inputs, str) else list(inputs))
         return await self.call(
             scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
@@ -149,7 +204,24 @@ class Gateway:
         prompt: str | None = None,
         fail_fast: bool = False,
     ) -> CallResult:
-        """The text in `image`; `value` is an `OcrResult`."""
+        """The text in `image`, governed as `call` is.
+
+        Args:
+            scope: A scope of kind ``ocr``.
+            image: The image's bytes.
+            mime: Its media type.
+            prompt: The instruction sent with it. Default: none to an OCR endpoint;
+                the source's `ocr_prompt` where the image goes through a chat.
+            fail_fast: As in `call`.
+
+        Returns:
+            A `CallResult` whose `value` is an `OcrResult` (`text`).
+
+        Raises:
+            AllSourcesExhausted: As in `call`.
+            SourceFatalError: As in `call`.
+            GovernanceBackendError: As in `call`.
+        """
         request = OcrRequest(image, mime, prompt)
         return await self.call(
             scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
@@ -172,6 +244,11 @@ class Gateway:
                     await close()
 
     async def snapshot(self, scope: str) -> list[SourceSnapshot]:
-        """The governance state of each source of `scope`."""
+        """The governance state of each source of `scope`, read from the store.
+
+        Returns:
+            One snapshot per source, in the scope's order: permits in use, the
+            adaptive limit, the breaker, a pause.
+        """
         plan = self.plan(scope)
         return [await self.store.snapshot(plan.terms[name]) for name in plan.sources]

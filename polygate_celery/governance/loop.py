@@ -90,6 +90,7 @@ from polygate_celery.store.base import (
 )
 from polygate_celery.telemetry import (
     AttemptEvent,
+    CallEvent,
     SourceAlertEvent,
     Telemetry,
     VerdictEvent,
@@ -138,7 +139,18 @@ def _same_source_worth_retrying(outcome: Outcome) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CallResult:
-    """A governed call's answer, who served it, what it cost, and how it got there."""
+    """A governed call's answer, who served it, what it cost, and how it got there.
+
+    Attributes:
+        value: The answer: a `ChatResult`, `EmbeddingResult` or `OcrResult` from
+            the HTTP adapters, whatever a custom source returns otherwise.
+        source: The source that served it.
+        model: The model the provider says answered, if it says.
+        prompt_tokens: Input tokens the provider reported, if it did.
+        completion_tokens: Output tokens the provider reported, if it did.
+        attempts: Every attempt of the call, this success last.
+        elapsed_s: The call's duration.
+    """
 
     value: Any
     source: str
@@ -196,6 +208,9 @@ class GovernedCall:
         self.booked = False  # told since its last grant that it booked a quota's slot
 
     async def run(self) -> CallResult:
+        if self.rt.telemetry.active:
+            kind = self.plan.policy.kind
+            self.rt.telemetry.emit(CallEvent(self.plan.name, self.call_id, kind, self.payload))
         try:
             result = await self._loop()
         except AllSourcesExhausted as exc:
@@ -211,6 +226,9 @@ class GovernedCall:
             raise
         except asyncio.CancelledError:
             self._emit_verdict("cancelled", None)
+            raise
+        except Exception:
+            self._emit_verdict("error", None)  # not a verdict of the loop's: a bug, a misuse
             raise
         self._emit_verdict("success", None, result.source)
         return result
@@ -397,6 +415,7 @@ class GovernedCall:
                     started_s=started - self.clock.entered_at,
                     seconds=self.rt.clock.now() - started,
                     blocked=denial.blocked if denial else (),
+                    call_id=self.call_id,
                 )
             )
         return woken
@@ -537,7 +556,17 @@ class GovernedCall:
         )
         self.trail.append(record)
         if self.rt.telemetry.active:
-            self.rt.telemetry.emit(AttemptEvent(self.plan.name, len(self.trail), record))
+            self.rt.telemetry.emit(
+                AttemptEvent(
+                    self.plan.name,
+                    len(self.trail),
+                    record,
+                    call_id=self.call_id,
+                    model=self.plan.models.get(source),
+                    server=self.plan.servers.get(source),
+                    outcome=outcome,
+                )
+            )
 
     async def _settle(self, grant: Grant, outcome: Outcome, cut_short: bool) -> bool:
         """Record the attempt; whether its permit was still held (True when unknown: the
@@ -735,5 +764,6 @@ class GovernedCall:
                     stalled_s=self.clock.stalled_s(),
                     retry_after_s=retry_after_s,
                     source=source,
+                    call_id=self.call_id,
                 )
             )

@@ -8,6 +8,7 @@ from typing import Literal
 
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
+from polygate_celery.config.urls import origin_of
 from polygate_celery.core.policy import KindPolicy, policy_for
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 
@@ -87,6 +88,8 @@ class ScopePlan:
     outage_charge: OutageCharge = "waiting"
     same_source_retries: int = 1
     wait_out_retry_after_s: float = 5.0
+    # each source's origin, for telemetry: scheme, host and port of its base URL, no more
+    servers: Mapping[str, str | None] = field(default_factory=dict)
     # the terms of `sources`, in their order: the candidates of a call's first ask
     candidates: tuple[SourceTerms, ...] = field(init=False, repr=False, compare=False)
 
@@ -117,4 +120,5 @@ class ScopePlan:
             outage_charge=outage_charge(scope.outage_is_waiting, caller),
             same_source_retries=scope.same_source_retries,
             wait_out_retry_after_s=scope.wait_out_retry_after_s,
+            servers={s: origin_of(config.sources[s].base_url) for s in scope.sources},
         )

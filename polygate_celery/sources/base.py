@@ -14,15 +14,30 @@ from polygate_celery.core.outcome import Outcome
 
 @runtime_checkable
 class Source(Protocol):
+    """A model source adapter: sends one request, classifies what happened.
+
+    It does not retry, wait for permits or sleep between attempts: the
+    governance loop does. Pass your own to `Gateway` by source name.
+    """
+
     async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
         """Send `payload` once and classify the result.
 
-        `timeout_s` is the attempt's total deadline, granted by the loop (the
-        source's own `timeout_s`, shortened when the call's `max_call_s` is near).
-        A response received at or before it is that response; past it, the
-        adapter returns a timed-out transient outcome. A provider's answer, of
-        any shape, is an outcome, never an exception; cancellation passes
-        through.
+        A provider's answer, of any shape, is an outcome, never an exception;
+        cancellation passes through.
+
+        Args:
+            payload: What the call was given (`Gateway.call`'s `payload`).
+            timeout_s: The attempt's total deadline, granted by the loop (the
+                source's own `timeout_s`, shortened when the call's
+                `max_call_s` is near). A response received at or before it is
+                that response; past it, the adapter returns a timed-out
+                transient outcome (`Outcome.timeout`).
+
+        Returns:
+            The classified attempt: `Outcome.success(value)`,
+            `Outcome.rate_limited`, `Outcome.transient`, `Outcome.rejected` or
+            `Outcome.fatal`.
         """
         ...
 

@@ -62,6 +62,8 @@ from polygate_celery.sources.stream import DONE, MalformedChunk, StreamAssembly,
 
 DEFAULT_OCR_PROMPT = "Transcribe all the text in this image, exactly as written."
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# What precedes a provider body's excerpt in a failure's reason (with `include_bodies`).
+BODY_MARK = " [provider body, truncated]: "
 TIE_GRACE_S = 0.25
 USAGE_GRACE_S = 2.0
 
@@ -283,7 +285,7 @@ class OpenAIStyleSource(ABC):
         """With `include_bodies`, add a marked, truncated excerpt of the provider's body."""
         if not self.include_bodies or not body:
             return outcome
-        excerpt = f"{outcome.reason} [provider body, truncated]: {short(body, self._secrets)}"
+        excerpt = f"{outcome.reason}{BODY_MARK}{short(body, self._secrets)}"
         return replace(outcome, reason=excerpt)
 
     # -- streams --------------------------------------------------------------------

@@ -32,7 +32,9 @@ from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import (
     BOOKING_SLACK_S,
     LEARNED_TTL_S,
+    WINDOW_KEPT_S,
     WINDOW_S,
+    counts_in_windows,
     gcra_book,
     gcra_charge,
     gcra_reserve,
@@ -40,9 +42,12 @@ from polygate_celery.core.quota import (
     gcra_spent,
     learned_tat,
     requests_spent,
+    window_charge,
+    window_learn,
+    window_take,
     window_wait,
 )
-from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import (
     AdmitRequest,
     BlockReason,
@@ -81,28 +86,63 @@ class _Bucket:
 @dataclass
 class _Learned:
     """The limits a source's provider announced: "req" (rpm) and "tok" (tpm) buckets,
-    forgotten `LEARNED_TTL_S` after the last announcement."""
+    and the provider's requests window (its end, what is left of it, and when an answer
+    last showed that the provider counts in windows), forgotten `LEARNED_TTL_S` after the
+    last announcement."""
 
     buckets: dict[str, _Bucket] = field(default_factory=dict)
     seen: float = -math.inf
+    window_end: float = -math.inf
+    window_left: float = 0.0
+    window_seen: float = -math.inf
 
     def live(self, now: float) -> dict[str, _Bucket]:
         if now - self.seen > LEARNED_TTL_S:
             self.buckets.clear()
+            self.window_end, self.window_left, self.window_seen = -math.inf, 0.0, -math.inf
         return self.buckets
 
-    def check(self, now: float, est_tokens: int) -> dict[str, float] | float:
-        """New TATs if the announced limits admit, else seconds until they may."""
+    def in_windows(self, now: float, follow: bool) -> bool:
+        """Whether requests follow the provider's window now (see `core.quota`)."""
+        return follow and "req" in self.live(now) and now - self.window_seen <= WINDOW_KEPT_S
+
+    def check(
+        self, now: float, est_tokens: int, windows: bool, declared_rpm: int | None
+    ) -> dict[str, float] | float:
+        """New TATs (and the window's "end" and "left") if the announced limits admit,
+        else seconds until they may. With `windows`, requests follow the provider's
+        window, a `declared_rpm` lower than its limit holding back the difference."""
         tats: dict[str, float] = {}
         waits: list[float] = []
         buckets = self.live(now)
         for dimension, cost in (("req", 1), ("tok", est_tokens)):
             if dimension in buckets and cost > 0:
                 bucket = buckets[dimension]
+                if dimension == "req" and windows:
+                    taken = window_take(
+                        self.window_end, self.window_left, now, bucket.limit, declared_rpm
+                    )
+                    if isinstance(taken, float):
+                        waits.append(taken)
+                    else:
+                        tats["end"], tats["left"] = taken
+                    continue
                 tats[dimension], wait = gcra_reserve(bucket.tat, now, cost, bucket.limit)
                 if wait is not None:
                     waits.append(wait)
+        if "req" in tats:  # counted as a bucket: the window is kept up to date
+            tats["left"] = window_charge(self.window_end, self.window_left, now)
         return max(waits) if waits else tats
+
+    def take(self, tats: dict[str, float]) -> None:
+        """Record an admission `check` allowed."""
+        for dimension, tat in tats.items():
+            if dimension == "end":
+                self.window_end = tat
+            elif dimension == "left":
+                self.window_left = tat
+            else:
+                self.buckets[dimension].tat = tat
 
     def settle_tokens(self, now: float, admitted_at: float, est: int, used: int) -> None:
         """Replace the estimate the bucket charged at admission by the use, if it did."""
@@ -121,6 +161,22 @@ class _Learned:
                 bucket.limit = limit
                 bucket.tat = learned_tat(bucket.tat, now, limit, remaining)
                 self.seen = now
+        shown = counts_in_windows(
+            limits.requests_limit, limits.requests_remaining, limits.requests_reset_s
+        )
+        if shown is None:
+            return
+        assert limits.requests_remaining is not None
+        assert limits.requests_reset_s is not None
+        if shown:
+            self.window_seen = now
+        self.window_end, self.window_left = window_learn(
+            self.window_end,
+            self.window_left,
+            now,
+            limits.requests_remaining,
+            limits.requests_reset_s,
+        )
 
 
 @dataclass
@@ -241,9 +297,10 @@ class MemoryStore:
         return aimd_permits(state.aimd, terms.max_concurrency)
 
     def _quota_check(
-        self, quota: QuotaTerms, now: float, est_tokens: int
+        self, quota: QuotaTerms, now: float, est_tokens: int, windows: bool
     ) -> tuple[float, float] | float:
-        """New (request_tat, token_tat) if the quota admits, else seconds until it may."""
+        """New (request_tat, token_tat) if the quota admits, else seconds until it may.
+        With `windows`, its rpm is the provider's window's to enforce (`_Learned.check`)."""
         state = self._quotas.setdefault(quota.name, _QuotaState())
         request_tat, token_tat = state.request_tat, state.token_tat
         waits: list[float] = []
@@ -251,6 +308,8 @@ class MemoryStore:
             wait = window_wait(state.in_window(now), now, quota.rpm)
             if wait is not None:
                 waits.append(wait)
+            request_tat = gcra_charge(request_tat, now, quota.rpm)  # for bucket readers
+        elif quota.rpm is not None and windows:
             request_tat = gcra_charge(request_tat, now, quota.rpm)  # for bucket readers
         elif quota.rpm is not None:
             request_tat, wait = gcra_reserve(request_tat, now, 1, quota.rpm)
@@ -315,7 +374,7 @@ class MemoryStore:
                     state.queue[waiter] = (now + request.claim_s, request.claim_s)
                 if booking is not None:  # kept while the call waits on
                     booking[1] = max(booking[1], now + request.claim_s)
-                elif set(reasons) == {"quota"} and _bookable(terms):
+                elif set(reasons) == {"quota"} and self._bookable(terms, state, now):
                     bookable.append((terms, state))
                 continue
             assert breaker is not None
@@ -392,16 +451,25 @@ class MemoryStore:
                 known.append(booking[0] - now)
             return None, {}
         quota = None
+        windows = state.learned.in_windows(now, follows_provider_windows(terms.quota))
         if terms.quota is not None:
-            quota = self._quota_check(terms.quota, now, request.est_tokens)
+            quota = self._quota_check(terms.quota, now, request.est_tokens, windows)
             if isinstance(quota, float):
                 reasons.append("quota")
                 known.append(quota)
-        learned = state.learned.check(now, request.est_tokens)
+        declared_rpm = terms.quota.rpm if terms.quota is not None else None
+        learned = state.learned.check(now, request.est_tokens, windows, declared_rpm)
         if isinstance(learned, float):
             reasons.append("quota")
             known.append(learned)
         return quota, learned
+
+    def _bookable(self, terms: SourceTerms, state: _SourceState, now: float) -> bool:
+        """Whether a refusal at `terms` for quota may be booked: buckets only (a sliding
+        window's callers, and those of a provider's window, ask again when it moves)."""
+        return _bookable(terms) and not state.learned.in_windows(
+            now, follows_provider_windows(terms.quota)
+        )
 
     def _book(
         self,
@@ -438,6 +506,7 @@ class MemoryStore:
                 dims.append(_Dim(qs.request_tat, 1, quota.rpm, qs, "request_tat"))
             if quota.tpm is not None and est_tokens > 0:
                 dims.append(_Dim(qs.token_tat, est_tokens, quota.tpm, qs, "token_tat"))
+        # (a caller refused by a provider's window is not bookable: see `_bookable`)
         for dimension, bucket in state.learned.live(now).items():
             cost = 1 if dimension == "req" else est_tokens
             if cost > 0:
@@ -455,8 +524,7 @@ class MemoryStore:
     ) -> None:
         """Record an admission: the permit, the learned and declared quotas' charges."""
         state.permits.add(permit_id)
-        for dimension, tat in learned.items():
-            state.learned.buckets[dimension].tat = tat
+        state.learned.take(learned)
         if terms.quota is not None and isinstance(quota, tuple):
             quota_state = self._quotas[terms.quota.name]
             quota_state.request_tat, quota_state.token_tat = quota

@@ -49,11 +49,26 @@ def governed_tasks(
     random: Callable[[], float] | None = None,
     eager: bool = True,
 ) -> Iterator[WorkerRuntime]:
-    """`app`'s governed tasks run in this process with `config`, `sources` (by source name)
-    and `clock`; yields the runtime (its `gateway` and `store` can be inspected). With a
-    clock and no `random`, jitter draws 0.0, so runs are repeatable. `eager=False` leaves
-    the app's settings alone (a worker started in this process, e.g. Celery's
-    `start_worker`, then runs them)."""
+    """Run `app`'s governed tasks in this process, as a test of them does.
+
+    On leaving, the app's settings, configuration and runtime are as they were.
+
+    Args:
+        app: The Celery app.
+        config: The configuration its tasks run with.
+        sources: Adapters by source name (e.g. `ScriptedSource`s); the others
+            keep the configuration's adapters.
+        clock: The clock (a `VirtualClock` for virtual time).
+        store: Default: an in-memory store on `clock`.
+        random: Jitter's draws. Default with a clock: always 0.0, so runs repeat.
+        eager: Run tasks eagerly, errors propagated (a verdict that would defer
+            the task in a worker is raised instead). False leaves the app's
+            settings alone (a worker started in this process, e.g. Celery's
+            `start_worker`, then runs them).
+
+    Yields:
+        The worker runtime (its `gateway` and `store` can be inspected).
+    """
     saved_config = registered_config(app)
     saved_conf = {key: app.conf[key] for key in EAGER}
     if random is None and clock is not None:

@@ -28,7 +28,14 @@ _FALLBACK_IDLE_TURNS = 50
 
 
 class VirtualClock:
-    """A `Clock` whose time is virtual. Pass the same instance to the gateway and the store."""
+    """A `Clock` whose time is virtual. Pass the same instance to the gateway and the store.
+
+    Time moves only when every task on the event loop waits: then it jumps to
+    the earliest sleeper's wake-up. A five-minute stall costs no real time.
+
+    Args:
+        start: The time it starts at, in seconds.
+    """
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = float(start)
@@ -39,9 +46,15 @@ class VirtualClock:
         self._io_in_flight = 0
 
     def now(self) -> float:
+        """The virtual time, in seconds."""
         return self._now
 
     async def sleep(self, seconds: float) -> None:
+        """Wait until the virtual time has moved `seconds` on.
+
+        Raises:
+            ValueError: `seconds` is infinite (nothing would ever wake it).
+        """
         if not seconds > 0:  # also catches NaN
             await asyncio.sleep(0)
             return
@@ -69,7 +82,11 @@ class VirtualClock:
                 self._schedule(asyncio.get_running_loop())
 
     def advance(self, seconds: float) -> None:
-        """Move time forward by hand. Sleepers that come due wake on the next idle turn."""
+        """Move time forward by hand. Sleepers that come due wake on the next idle turn.
+
+        Raises:
+            ValueError: `seconds` is negative or NaN.
+        """
         if not seconds >= 0:  # also rejects NaN
             raise ValueError("time only moves forward")
         self._now += seconds

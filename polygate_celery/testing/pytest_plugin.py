@@ -28,11 +28,14 @@ from polygate_celery.testing.clock import VirtualClock
 
 @pytest.fixture
 def polygate_clock() -> VirtualClock:
+    """A fresh `VirtualClock`, at time 0."""
     return VirtualClock()
 
 
 @pytest.fixture
 def polygate_tasks() -> Iterator[Callable[..., Any]]:
+    """``polygate_tasks(app, config, sources, clock=...)``: run `app`'s governed tasks in
+    this process (`governed_tasks`, same arguments), undone at the test's end."""
     from polygate_celery.testing.celery import governed_tasks  # noqa: PLC0415
 
     with contextlib.ExitStack() as stack:
@@ -45,6 +48,7 @@ def polygate_tasks() -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture(scope="session")
 def polygate_redis_url() -> str:
+    """A real Redis's URL for the session (`redis_for_tests`)."""
     return redis_for_tests()
 
 

@@ -8,7 +8,7 @@ step's own answer (a 429 at exactly `timeout_s` is a 429).
 A source given `ttft_timeout_s` plays a streaming source with a first-token
 limit: an attempt whose first token (`first_token_s`, else the step's whole
 answer) comes later than the limit ends at the limit, as the HTTP adapter's
-does, unless the loop lifts the limit for that attempt (SPEC §3 rule 17).
+does, unless the loop lifts the limit for that attempt (on the last source left).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class Step:
 
 
 def ok(value: Any = "ok", *, duration_s: float = 0.0, tokens: int | None = None) -> Step:
+    """A success answering `value` after `duration_s`, reporting `tokens` used."""
     return Step("ok", duration_s, value=value, tokens=tokens)
 
 
@@ -78,6 +79,7 @@ def stuck_first_token() -> Step:
 
 
 def rate_limited(*, duration_s: float = 0.0, retry_after_s: float | None = None) -> Step:
+    """A 429, with a Retry-After of `retry_after_s` if given."""
     return Step("rate_limited", duration_s, retry_after_s=retry_after_s, status=429)
 
 
@@ -87,20 +89,24 @@ def timeout() -> Step:
 
 
 def server_error(*, duration_s: float = 0.0, status: int = 500) -> Step:
+    """A transient failure (a 5xx): retried, counted by the breaker."""
     return Step("server_error", duration_s, status=status, reason="server error")
 
 
 def fatal(reason: str = "bad request", *, duration_s: float = 0.0, status: int = 400) -> Step:
+    """A request no source can serve: the call ends with `SourceFatalError`."""
     return Step("fatal", duration_s, status=status, reason=reason)
 
 
 def source_rejected(
     reason: str = "context length exceeded", *, duration_s: float = 0.0, status: int = 400
 ) -> Step:
+    """A request this source cannot serve but another might: the call fails over."""
     return Step("source_rejected", duration_s, status=status, reason=reason)
 
 
 def auth_rejected(*, duration_s: float = 0.0, status: int = 401) -> Step:
+    """Credentials rejected: the source is paused fleet-wide and an alert is emitted."""
     return Step("auth_rejected", duration_s, status=status, reason="credentials rejected")
 
 
@@ -140,11 +146,16 @@ class Sent:
 class ScriptedSource:
     """A `Source` that plays `steps`, one per attempt, on `clock`.
 
-    `steps` may be infinite (``itertools.repeat(rate_limited())``); use
-    `ScriptedSource.always()` for a source that always does the same thing.
-    `journal` records every request with the outcome it got (None if cancelled).
-    With `ttft_timeout_s`, every attempt is a stream with that first-token limit
-    (a `polygate_celery.sources.base.FirstTokenSource`).
+    Use `ScriptedSource.always()` for a source that always does the same thing.
+
+    Attributes:
+        clock: The gateway's clock: each step takes its time on it.
+        steps: One step per attempt, in order; may be infinite
+            (``itertools.repeat(rate_limited())``). An attempt past the last
+            raises `ScriptExhausted`.
+        journal: Every request, with the outcome it got (None if cancelled).
+        ttft_timeout_s: Every attempt is a stream with this first-token limit
+            (a `polygate_celery.sources.base.FirstTokenSource`).
     """
 
     clock: Clock
@@ -157,10 +168,12 @@ class ScriptedSource:
     def always(
         cls, clock: Clock, step: Step, *, ttft_timeout_s: float | None = None
     ) -> ScriptedSource:
+        """A source that does `step` at every attempt."""
         return cls(clock, itertools.repeat(step), ttft_timeout_s=ttft_timeout_s)
 
     @property
     def attempts(self) -> int:
+        """Requests it has seen."""
         return len(self.journal)
 
     def limits_first_token(self, payload: Any) -> bool:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from polygate_celery.cli import main
@@ -74,4 +78,56 @@ def test_the_command_runs_the_pipeline_demo(
 
     monkeypatch.setattr("polygate_celery.demo.pipeline.run", recorded)
     assert main(["demo", "--documents", "3", "--pages", "2", "--timeout", "90"]) == 0
-    assert seen == {"documents": 3, "pages": 2, "redis_url": None, "timeout_s": 90.0, "plot": None}
+    assert seen == {
+        "documents": 3,
+        "pages": 2,
+        "redis_url": None,
+        "timeout_s": 90.0,
+        "plot": None,
+        "keep": False,
+    }
+
+
+def test_with_keep_the_printed_commands_look_at_the_finished_run_and_stop_its_redis(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "polygate_celery", "demo", "--keep",
+         "--documents", "2", "--pages", "1", "--timeout", "240"],
+        env={**os.environ, "POLYGATE_REDIS_URL": ""},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    kept = re.search(r"^Kept its Redis \(pid (\d+)\)", done.stdout, re.MULTILINE)
+    look = re.search(r"^  look: (.+)$", done.stdout, re.MULTILINE)
+    stop = re.search(r"^  stop: (.+)$", done.stdout, re.MULTILINE)
+    assert kept, done.stdout[-2000:]
+    assert look
+    assert stop
+    server = psutil.Process(int(kept.group(1)))
+    try:
+        assert look.group(1) + " --watch" in done.stdout  # the command printed as it started
+        status = subprocess.run(
+            shlex.split(look.group(1)), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert status.returncode == 0, status.stderr
+        assert re.search(r"^summarise  chat +\S", status.stdout, re.MULTILINE), status.stdout
+        assert "in 1h" not in status.stdout.split("SCOPE", 2)[1]  # it saw the run's successes
+        stopped = subprocess.run(["bash", "-c", stop.group(1)], timeout=30, check=False)
+        assert stopped.returncode == 0
+        deadline = time.monotonic() + 10
+        while not _ended(server):
+            assert time.monotonic() < deadline, "the kept Redis is still running"
+            time.sleep(0.1)
+        assert not Path(shlex.split(look.group(1))[-1]).parent.exists()
+    finally:
+        with contextlib.suppress(psutil.Error):
+            server.kill()
+
+
+def _ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie its new parent has not reaped (not every init reaps)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

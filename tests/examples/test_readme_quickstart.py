@@ -1,9 +1,10 @@
-"""The README's examples run as written. The quick start: its `tasks.py` and
-`polygate.toml` blocks are written to a directory as they are, and its two commands run
-there (a real `celery worker` on Redis, then the client line). The async Gateway: its
-`polygate.toml` and program. Both against the simulated provider serving the models the
+"""The examples that call real endpoints run as written. The README's quick start: its
+`tasks.py` and `polygate.toml` blocks are written to a directory as they are, and its two
+commands run there (a real `celery worker` on Redis, then the client line); the getting
+started page holds the same blocks. The Gateway how-to's program that reads a
+`polygate.toml`. Both against the simulated provider serving the models the
 configuration names; only the environment differs: ``POLYGATE_*`` overrides point the
-store and the sources at the test's Redis and simulator, as the README says they may."""
+store and the sources at the test's Redis and simulator, as the pages say they may."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.conftest import own_redis
 
 ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+GATEWAY = ROOT / "docs" / "how-to" / "gateway.md"
 
 
-def quickstart_blocks(heading: str = "## Quick start") -> dict[str, str]:
-    """A README section's code blocks: by the file named on their first line, else by
+def quickstart_blocks(heading: str = "## Quick start", page: Path = README) -> dict[str, str]:
+    """A page section's code blocks: by the file named on their first line, else by
     their language ("sh", "python")."""
-    text = (ROOT / "README.md").read_text()
+    text = page.read_text()
     section = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
     blocks: dict[str, str] = {}
     for lang, body in re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S):
@@ -77,9 +81,14 @@ def test_the_quick_start_runs_as_written(quickstart_redis: str, tmp_path: Path) 
     assert served == [models[0]]  # the first source in the scope's order
 
 
-def test_the_async_gateway_example_runs_as_written(tmp_path: Path) -> None:
-    """ "Without Celery: the async Gateway": its polygate.toml and program, as written."""
-    blocks = quickstart_blocks("## Without Celery: the async Gateway")
+def test_the_getting_started_quick_start_is_the_readmes() -> None:
+    """Its blocks say the test above runs them: so they must be the README's."""
+    assert quickstart_blocks(page=GETTING_STARTED) == quickstart_blocks()
+
+
+def test_the_gateway_from_a_file_runs_as_written(tmp_path: Path) -> None:
+    """The Gateway how-to's "From a configuration file": its polygate.toml and program."""
+    blocks = quickstart_blocks("## From a configuration file", GATEWAY)
     (tmp_path / "polygate.toml").write_text(blocks["polygate.toml"])
     (tmp_path / "main.py").write_text(blocks["python"])
     models = re.findall(r'^model = "([^"]+)"', blocks["polygate.toml"], flags=re.M)

@@ -1,74 +1,75 @@
-"""The README's shorter code blocks run as written too (the quick start and the async
-Gateway are in `test_readme_quickstart.py`): every Python block is accounted for here."""
+"""The README's code blocks are accounted for: each runs in a test, or says why not; and
+the testing how-to's tests are the example project's, which the packaging tests run."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
-import pytest
-
-from polygate_celery.store.redis import RedisStore
-from polygate_celery.testing.simulator import SimulatedProvider
-from tests.examples.test_readme_quickstart import quickstart_blocks
+from tests.examples.test_readme_quickstart import README, quickstart_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
-
-SCOPE = """
-[sources.vllm]
-base_url = "http://127.0.0.1:9/v1"
-model = "m"
-
-[scopes.summarise]
-kind = "chat"
-sources = ["vllm"]
-"""
+TESTING = ROOT / "docs" / "how-to" / "testing.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+RUNNABLE = {"python", "toml", "sh", "bash", "console"}
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-
-
-def test_the_fleet_wide_store_block_runs_as_written(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    code = quickstart_blocks("## Fleet-wide: the Redis store")["python"]
-    (tmp_path / "polygate.toml").write_text(f'[store]\nredis_url = "{redis_url}"\n{SCOPE}')
-    monkeypatch.chdir(tmp_path)
-    names: dict[str, object] = {}
-    exec(compile(code, "README.md", "exec"), names)
-    gateway, store = names["gateway"], names["store"]
-    assert isinstance(store, RedisStore)
-    assert isinstance(gateway.store, RedisStore)  # type: ignore[attr-defined]
-
-    async def use_and_close() -> None:
-        assert await gateway.store.client.ping()  # type: ignore[attr-defined]
-        await gateway.aclose()  # type: ignore[attr-defined]
-        await store.aclose()
-
-    asyncio.run(use_and_close())
-
-
-def test_the_simulator_block_runs_as_written() -> None:
-    code = quickstart_blocks("### A simulated provider")["python"]
-    names: dict[str, object] = {}
-    exec(compile(code, "README.md", "exec"), names)  # starts and stops the simulator
-    assert isinstance(names["provider"], SimulatedProvider)
-
-
-def test_the_testing_block_is_the_example_projects_test() -> None:
-    """Run by `tests/packaging/` in a fresh virtualenv, with the example project."""
-    code = quickstart_blocks("## Testing your tasks")["python"]
-    assert code in (ROOT / "examples/testing/test_tasks.py").read_text()
+def blocks(page: Path) -> list[tuple[str, str, str]]:
+    """A page's fenced blocks: (language, body, the line before the fence)."""
+    text = page.read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        before = text[: match.start()].rstrip("\n").splitlines()
+        found.append((match.group(1), match.group(2), before[-1] if before else ""))
+    return found
 
 
 def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
-    covered = [
-        *quickstart_blocks("## Quick start").values(),
-        *quickstart_blocks("## Without Celery: the async Gateway").values(),
-        quickstart_blocks("## Fleet-wide: the Redis store")["python"],
-        quickstart_blocks("### A simulated provider")["python"],
-        quickstart_blocks("## Testing your tasks")["python"],
+    covered = quickstart_blocks().values()
+    python = [body for lang, body, _ in blocks(README) if lang == "python"]
+    assert python, "the README lost its quick start"
+    assert [body for body in python if body not in covered] == []
+
+
+def test_every_block_of_the_readme_runs_or_says_why_not() -> None:
+    """Named files are written, not run; any other block either runs as written or
+    carries `<!-- not run: reason -->` on the line before its fence."""
+    quiet = []
+    for lang, body, before in blocks(README):
+        named = re.match(r"#\s*\S+\.\w+\s*$", body.splitlines()[0])
+        if lang in RUNNABLE and not named and not before.startswith("<!-- not run"):
+            quiet.append(body)
+    assert quiet == []
+
+
+def test_the_testing_pages_tests_are_the_example_projects() -> None:
+    """Each test function the page shows is, word for word, one of
+    `examples/testing/test_tasks.py`'s (run in a fresh virtualenv by `tests/packaging/`)."""
+    example = (ROOT / "examples" / "testing" / "test_tasks.py").read_text()
+    shown = [
+        "def " + chunk.strip()
+        for lang, body, _ in blocks(TESTING)
+        if lang == "python"
+        for chunk in re.split(r"^def ", body, flags=re.M)[1:]
+        if chunk.startswith("test_")
     ]
-    assert [block for block in python_blocks() if block not in covered] == []
+    assert len(shown) == 3
+    for function in shown:
+        assert function.rstrip() in example or _without_docstring(example, function), function
+
+
+def test_the_testing_pages_project_is_the_example_project() -> None:
+    files = {
+        body.split("\n", 1)[0].lstrip("# ").strip(): body.split("\n", 1)[1]
+        for lang, body, _ in blocks(TESTING)
+        if lang in {"python", "toml"} and re.match(r"#\s*\S+\.\w+\s*$", body.splitlines()[0])
+    }
+    assert {"polygate.toml", "tasks.py", "conftest.py", "test_tasks.py"} <= files.keys()
+    for name in ("polygate.toml", "tasks.py", "conftest.py"):
+        assert files[name] == (ROOT / "examples" / "testing" / name).read_text(), name
+
+
+def _without_docstring(example: str, function: str) -> bool:
+    """The example's function with its docstring left out, as the page shows it."""
+    plain = re.sub(r'\n    """[^"]*"""', "", example)
+    return function.rstrip() in plain

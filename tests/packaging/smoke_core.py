@@ -14,6 +14,7 @@ print(f"governed call answered {text!r}")
 for module, extra in (
     ("polygate_celery.celery", "celery"),
     ("polygate_celery.metrics", "prometheus"),
+    ("polygate_celery.otel", "otel"),
     ("polygate_celery.testing.simulator.server", "simulator"),
 ):
     try:

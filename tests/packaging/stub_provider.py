@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -50,14 +51,15 @@ def serve() -> str:
     return f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
-def ask(source: dict[str, Any]) -> str:
-    """One governed chat call (the in-memory store) to `source`; the answer's text."""
+def ask(source: dict[str, Any], hooks: Sequence[Any] = ()) -> str:
+    """One governed chat call (the in-memory store) to `source`, its events to `hooks`;
+    the answer's text."""
     config = parse_config(
         {"sources": {"s": source}, "scopes": {"chat": {"kind": "chat", "sources": ["s"]}}}
     )
 
     async def call() -> str:
-        gateway = Gateway(config)
+        gateway = Gateway(config, hooks=hooks)
         try:
             outcome = await gateway.chat("chat", [{"role": "user", "content": "hello"}])
         finally:

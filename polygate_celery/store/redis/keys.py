@@ -34,7 +34,8 @@ ones stop. Keys (``{t}``: the key's tag, ``{p}``: the fleet tag)::
                                             paused_until, error (the last failure's or
                                             pause's classified error, for log lines),
                                             learned quota (lrpm lreq ltpm ltok: the
-                                            provider's announced limits, GCRA times)
+                                            provider's announced limits, GCRA times;
+                                            lwend lwleft lwseen: its requests window)
     {t}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)
     {t}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
                                             window (at most rpm members, TTL one window)

@@ -36,7 +36,7 @@ from polygate_celery.clock import Clock, WaitsForIO
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.outcome import RateLimits
-from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
+from polygate_celery.core.quota import WINDOW_S, counts_in_windows, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.base import (
@@ -131,7 +131,8 @@ _NOT_ANNOUNCED = (b"0", b"0")
 
 
 def _announced(limits: RateLimits | None) -> tuple[bytes, ...]:
-    """The provider's announced limits as settle.lua reads them (a limit of 0: none)."""
+    """The provider's announced limits as settle.lua reads them (a limit of 0: none), then
+    the requests reset and whether it shows a window (see settle.lua)."""
 
     def pair(limit: int | None, remaining: int | None) -> tuple[bytes, bytes]:
         if not limit or limit <= 0 or remaining is None:
@@ -139,10 +140,17 @@ def _announced(limits: RateLimits | None) -> tuple[bytes, ...]:
         return str(limit).encode(), str(remaining).encode()
 
     if limits is None:
-        return _NOT_ANNOUNCED * 2
+        return (*_NOT_ANNOUNCED * 2, b"", b"")
+    shown = counts_in_windows(
+        limits.requests_limit, limits.requests_remaining, limits.requests_reset_s
+    )
+    window: tuple[bytes, bytes] = (b"", b"")
+    if shown is not None and limits.requests_reset_s is not None:
+        window = (_fmt(limits.requests_reset_s).encode(), b"1" if shown else b"0")
     return (
         *pair(limits.requests_limit, limits.requests_remaining),
         *pair(limits.tokens_limit, limits.tokens_remaining),
+        *window,
     )
 
 
@@ -701,7 +709,8 @@ class _Encoded:
         quota = terms.quota
         rpm = (quota.rpm or 0) if quota else 0
         tpm = (quota.tpm or 0) if quota else 0
-        window = _fmt(WINDOW_S) if quota and quota.rpm_window == "sliding" else "0"
+        declared = quota.rpm_window if quota else None
+        window = {"sliding": _fmt(WINDOW_S), "bucket": "0", None: "-1"}[declared]
         initial = terms.aimd.initial_limit or 0
         breaker, aimd = terms.breaker, terms.aimd
         group = quota.name if quota else None

@@ -41,7 +41,14 @@ class SimulatedProvider:
         host: str = "127.0.0.1",
         any_model: ModelBehaviour | None = None,
     ) -> None:
-        """`any_model`: the behaviour of a model name not in `models` (else it is a 404)."""
+        """
+        Args:
+            models: Each model name's behaviour.
+            port: The port to listen on (0: a free one, see `url`).
+            seed: The seed of its random draws (latencies, error rates).
+            host: The address to listen on.
+            any_model: The behaviour of a model name not in `models` (else a 404).
+        """
         self._simulator = Simulator(models, seed=seed, any_model=any_model)
         self._requested_port = port
         self._host = host

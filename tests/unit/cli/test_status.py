@@ -107,6 +107,11 @@ def test_the_parked_backlog_counts_entries_those_due_and_dead_letters(
         await store.client.zadd(store.keys.parked("tasks@b1"), {**due, **later})
         await store.client.hset(store.keys.parked("tasks@b1") + ":dead", "bad", "not JSON\n{")
         await store.client.zadd(store.keys.parked("other.app@b2"), {"x:s:1:0": now + 60})
+        # An outage's entries are indexed by scope too, and a woken probe leaves a marker:
+        # both belong to their lot, not lots of their own.
+        index = store.keys.parked("tasks@b1") + ":scope:summarise"
+        await store.client.zadd(index, {f"task-{i}:s:1:0": now + 600 for i in range(3, 8)})
+        await store.client.set(f"{index}:probe", "1", ex=60)
 
     fleet.run(park)
     out = cli("status", "--config", fleet.path).out

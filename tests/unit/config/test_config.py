@@ -297,16 +297,18 @@ def test_private_and_shared_quota_are_exclusive() -> None:
     assert field_of(data) == "sources.a"
 
 
-def test_the_rpm_window_is_a_bucket_unless_a_sliding_window_is_asked_for() -> None:
-    data = one_scope({"a": {"rpm": 5}, "b": {"quota": "key"}, "c": {"rpm": 5}})
+def test_the_rpm_window_is_learned_unless_one_is_declared() -> None:
+    data = one_scope({"a": {"rpm": 5}, "b": {"quota": "key"}, "c": {"rpm": 5}, "d": {"rpm": 5}})
     data["quotas"] = {"key": {"rpm": 10, "rpm_window": "sliding"}}
     data["sources"]["c"]["rpm_window"] = "sliding"
+    data["sources"]["d"]["rpm_window"] = "bucket"
     config = parse_config(data)
-    windows = {name: source_terms(config, name).quota for name in ("a", "b", "c")}
+    windows = {name: source_terms(config, name).quota for name in ("a", "b", "c", "d")}
     assert {name: q.rpm_window for name, q in windows.items() if q} == {
-        "a": "bucket",
+        "a": None,  # a bucket, or the provider's windows once its answers show them
         "b": "sliding",
         "c": "sliding",
+        "d": "bucket",
     }
     assert field_of({"quotas": {"key": {"rpm": 10, "rpm_window": "fixed"}}}) == (
         "quotas.key.rpm_window"

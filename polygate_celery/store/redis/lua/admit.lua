@@ -14,7 +14,10 @@
 --                                                quota: lrpm lreq ltpm ltok ltsince
 --                                                lseen (limits the provider announced,
 --                                                GCRA times, when tpm was learned, the
---                                                last announcement)
+--                                                last announcement); the provider's
+--                                                requests window: lwend lwleft lwseen
+--                                                (its end, what is left of it, the last
+--                                                answer that showed a window)
 --   KEYS[6i-3]  {p}:v1:quota:<group>       HASH  req tok (GCRA theoretical arrival times);
 --                                                a placeholder key when the source has
 --                                                none (never read)
@@ -48,8 +51,9 @@
 -- ARGV[9]   lease seconds     ARGV[10]  the caller's origin (its process)
 -- ARGV[11]  the wake-up channel of origin X is this text followed by X
 -- ARGV[12..17] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
---           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket,
---           else a sliding window of this length)
+--           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket;
+--           -1: not declared: as a bucket, or the provider's window while its answers
+--           show one (core.quota.window_take); else a sliding window of this length)
 -- Returns  {1, name, admitted_at, call, source, ...}     a grant; then any waiter of
 --                                                         the caller's process a
 --                                                         permit was handed on to
@@ -77,6 +81,7 @@
 
 local function fmt(x) return string.format('%.17g', x) end
 local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
+local WINDOW_KEPT_S = 300  -- as core.quota.WINDOW_KEPT_S
 local MARGIN_S = 0.5  -- as core.quota.ARRIVAL_MARGIN_S
 local SLACK_S = 0.01  -- as core.quota.BOOKING_SLACK_S
 local T = 11  -- the arguments before the candidates'
@@ -183,7 +188,12 @@ for i = 1, n do
     mine = handed_until[i] > now
   end
   local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until',
-    'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen')
+    'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen', 'lwend', 'lwleft', 'lwseen')
+  -- the provider's limits as announced (learned at settle), unless forgotten
+  local learned = st[10] and now - tonumber(st[10]) <= LEARNED_TTL_S
+  -- requests follow the provider's window (not declared, and an answer showed one lately)
+  local in_windows = learned and window < 0 and tonumber(st[6] or '0') > 0 and st[13] ~= false
+    and now - tonumber(st[13]) <= WINDOW_KEPT_S
   local mode = st[1] or 'closed'
   local open_until = tonumber(st[2] or '0')
   local probe = st[3]
@@ -231,7 +241,9 @@ for i = 1, n do
   if rpm > 0 or tpm > 0 then
     local q = redis.call('HMGET', qkey, 'req', 'tok')
     req_tat, tok_tat = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
-    if rpm > 0 and window <= 0 then dims[#dims + 1] = {req_tat, 1, rpm, qkey, 'req'} end
+    if rpm > 0 and window <= 0 and not in_windows then
+      dims[#dims + 1] = {req_tat, 1, rpm, qkey, 'req'}
+    end
     if tpm > 0 and est > 0 then dims[#dims + 1] = {tok_tat, est, tpm, qkey, 'tok'} end
     if rpm > 0 and window > 0 then
       local count = redis.call('ZCARD', lkey)
@@ -246,6 +258,8 @@ for i = 1, n do
       -- Charged to the bucket too, unenforced: workers that count rpm as a bucket
       -- (during a rolling upgrade, or after a changed setting) see this admission.
       req_tat = math.min(math.max(req_tat, now) + 60.0 / rpm, now + 60.0)
+    elseif rpm > 0 and in_windows then  -- the provider's window enforces it (below)
+      req_tat = math.min(math.max(req_tat, now) + 60.0 / rpm, now + 60.0)
     elseif rpm > 0 then
       req_tat = charge(waits_s, req_tat, now, 1, rpm)
     end
@@ -253,12 +267,29 @@ for i = 1, n do
   end
   -- the provider's announced limits (learned at settle), beside any declared quota
   local lrpm, ltpm, lreq, ltok = 0, 0, nil, nil
-  if not slot and st[10] and now - tonumber(st[10]) <= LEARNED_TTL_S then
+  local wend, wleft = nil, nil  -- the provider's window, when an admission moves it
+  if not slot and learned then
     lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
     lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
-    if lrpm > 0 then dims[#dims + 1] = {lreq, 1, lrpm, skey, 'lreq'} end
+    if lrpm > 0 and not in_windows then dims[#dims + 1] = {lreq, 1, lrpm, skey, 'lreq'} end
     if ltpm > 0 and est > 0 then dims[#dims + 1] = {ltok, est, ltpm, skey, 'ltok'} end
-    if lrpm > 0 then lreq = charge(waits_s, lreq, now, 1, lrpm) end
+    if in_windows then  -- core.quota.window_take: a lower declared rpm holds back the rest
+      local held_back = 0
+      if rpm > 0 then held_back = math.max(0, lrpm - rpm) end
+      wend, wleft = tonumber(st[11] or '-1e300'), tonumber(st[12] or '0')
+      if now >= wend then
+        wend, wleft = now + MARGIN_S + 60.0, lrpm - 1
+      elseif wleft - held_back >= 1 and now < wend - MARGIN_S then
+        wleft = wleft - 1
+      else
+        waits_s[#waits_s + 1] = wend - now
+      end
+    elseif lrpm > 0 then
+      lreq = charge(waits_s, lreq, now, 1, lrpm)
+      if st[11] and now < tonumber(st[11]) then  -- core.quota.window_charge: kept up to date
+        wend, wleft = tonumber(st[11]), math.max(0, tonumber(st[12] or '0') - 1)
+      end
+    end
     if ltpm > 0 and est > 0 then ltok = charge(waits_s, ltok, now, est, ltpm) end
   end
   if #waits_s > 0 then
@@ -286,7 +317,7 @@ for i = 1, n do
     for _, r in ipairs(reasons) do only_quota = only_quota and r == 'quota' end
     if slot then  -- kept while the call waits on
       if slot <= now then redis.call('ZADD', KEYS[6 * i], 'GT', now + claim_s, booked) end
-    elseif only_quota and window <= 0 and #dims > 0 then
+    elseif only_quota and window <= 0 and not in_windows and #dims > 0 then
       bookable[#bookable + 1] = {i, dims}
     end
     if #known == #reasons then
@@ -306,7 +337,11 @@ for i = 1, n do
       fields[#fields + 1] = 'mode'; fields[#fields + 1] = new_mode
       fields[#fields + 1] = 'probe'; fields[#fields + 1] = permit
     end
-    if lrpm > 0 then fields[#fields + 1] = 'lreq'; fields[#fields + 1] = lreq end
+    if lrpm > 0 and not in_windows then fields[#fields + 1] = 'lreq'; fields[#fields + 1] = lreq end
+    if wend then
+      fields[#fields + 1] = 'lwend'; fields[#fields + 1] = fmt(wend)
+      fields[#fields + 1] = 'lwleft'; fields[#fields + 1] = fmt(wleft)
+    end
     if ltpm > 0 and est > 0 then fields[#fields + 1] = 'ltok'; fields[#fields + 1] = ltok end
     if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
     if slot then redis.call('ZREM', KEYS[6 * i], booked) end  -- paid when booked

@@ -11,8 +11,9 @@
 -- KEYS[1]  {p}:v1:src:<name>:permits   ZSET  permit id -> lease expiry
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
 --                                            last_decrease paused_until; learned quota
---                                            lrpm lreq ltpm ltok ltsince lseen; error
---                                            (the source's last error: see ARGV[13]),
+--                                            lrpm lreq ltpm ltok ltsince lseen; the
+--                                            provider's window lwend lwleft lwseen; error
+--                                            (the source's last error: see ARGV[15]),
 --                                            opened_at (when the breaker last opened)
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
@@ -29,12 +30,16 @@
 --          does, after the held permit's token estimate is settled (when the learned
 --          bucket charged it at admission); a quota not announced for LEARNED_TTL_S
 --          starts over
--- ARGV[13] the attempt's error, classified ("" for none): kept as the source's last
+-- ARGV[13] the announced requests reset in seconds ("" when ARGV[14] is "")
+-- ARGV[14] "1" if the announcement shows a provider counting in windows, "0" if not, ""
+--          if it says nothing of it (core.quota.counts_in_windows): the provider's window
+--          is learned as core.quota.window_learn does
+-- ARGV[15] the attempt's error, classified ("" for none): kept as the source's last
 --          error when this settle records a pause, or a held permit's failure or
 --          auth_failure; a success while no pause runs deletes it (admit.lua names it)
--- ARGV[14] the settling process's origin     ARGV[15] the source's name
--- ARGV[16] the wake-up channel of origin X is this text followed by X
--- ARGV[17..25]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
+-- ARGV[16] the settling process's origin     ARGV[17] the source's name
+-- ARGV[18] the wake-up channel of origin X is this text followed by X
+-- ARGV[19..27]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
 --          AIMD increase, AIMD decrease factor, AIMD initial (0: the cap); tpm (0: none);
 --          progress TTL seconds
 -- Returns  0 if the permit was not held; else it is released and, when the source can
@@ -51,6 +56,7 @@
 -- as %.17g.
 
 local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
+local EVIDENCE_S = 10  -- as core.quota.RESET_EVIDENCE_S
 
 -- seconds `cost` units move a TAT by, clamped to the limit (as admit.lua charges them)
 local function charge_s(cost, limit) return math.min(math.max(cost, 0), limit) * 60.0 / limit end
@@ -67,11 +73,12 @@ end
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted_at = tonumber(ARGV[8])
-local cap, tpm = tonumber(ARGV[20]), tonumber(ARGV[24])
+local cap, tpm = tonumber(ARGV[22]), tonumber(ARGV[26])
 
 local skey = KEYS[2]
 local a = redis.call('HMGET', skey, 'paused_until', 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince',
-  'lseen', 'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease', 'error')
+  'lseen', 'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease', 'error',
+  'lwend', 'lwleft')
 local set, forget = {}, nil  -- the state's fields to write, and to delete
 local function put(field, value) set[#set + 1] = field; set[#set + 1] = value end
 
@@ -79,7 +86,7 @@ local paused_until = tonumber(a[1] or '-1e300')
 local pause = tonumber(ARGV[5])
 local fresh_pause = ''  -- a pause of a source that was not paused: news
 if pause and pause > 0 and paused_until <= now then fresh_pause = string.format('%.17g', pause) end
-local err, paused = ARGV[13], pause and pause > 0
+local err, paused = ARGV[15], pause and pause > 0
 if paused then
   paused_until = math.max(paused_until, now + pause)
   put('paused_until', paused_until)
@@ -87,9 +94,10 @@ if paused then
 end
 -- learned quota (mirrors polygate_celery.store.memory._Learned)
 local lreq, ltpm, ltok, ltsince = a[3], tonumber(a[4] or '0'), a[5], a[6]
+local lwend, lwleft = a[15], a[16]
 if a[7] and now - tonumber(a[7]) > LEARNED_TTL_S then  -- none learned: nothing to forget
-  forget = {'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince', 'lseen'}
-  lreq, ltpm, ltok, ltsince = false, 0, false, false
+  forget = {'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince', 'lseen', 'lwend', 'lwleft', 'lwseen'}
+  lreq, ltpm, ltok, ltsince, lwend, lwleft = false, 0, false, false, false, false
 end
 ltok = tonumber(ltok or '-1e300')
 if held and ltpm > 0 and est > 0 and admitted_at > tonumber(ltsince or '1e300') then
@@ -106,6 +114,18 @@ if arpm > 0 then
   put('lreq', math.max(tonumber(lreq or '-1e300'), now + spent * 60.0 / arpm))
   put('lseen', now)
 end
+if arpm > 0 and ARGV[14] ~= '' then  -- core.quota.window_learn
+  local remaining, announced = tonumber(ARGV[10]), now + tonumber(ARGV[13])
+  local wend, wleft = tonumber(lwend or '-1e300'), tonumber(lwleft or '0')
+  if wend <= now then
+    wend, wleft = announced, remaining
+  elseif announced >= wend - EVIDENCE_S then
+    wend, wleft = math.max(wend, announced), math.min(wleft, remaining)
+  end
+  put('lwend', wend)
+  put('lwleft', wleft)
+  if ARGV[14] == '1' then put('lwseen', now) end
+end
 if atpm > 0 then
   local spent = atpm - math.min(math.max(tonumber(ARGV[12]), 0), atpm)
   put('ltpm', atpm)
@@ -116,7 +136,7 @@ end
 if forget ~= nil then redis.call('HDEL', skey, unpack(forget)) end  -- before any HSET
 local gate_opened = '0'
 if effect == 'success' then
-  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[25])))
+  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[27])))
   local closed_until = redis.call('HGET', KEYS[5], 'until')
   if closed_until then  -- a stall on record while within gate.lua's KEPT_S: it ends
     if tonumber(closed_until) + 60 > now then gate_opened = '1' end
@@ -134,8 +154,8 @@ if not held and effect ~= 'success' then
   return reply(0)
 end
 
-local threshold, cooldown = tonumber(ARGV[17]), tonumber(ARGV[18])
-local initial = tonumber(ARGV[23])
+local threshold, cooldown = tonumber(ARGV[19]), tonumber(ARGV[20])
+local initial = tonumber(ARGV[25])
 if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 local mode, failures = a[8] or 'closed', tonumber(a[9] or '0')
@@ -147,7 +167,7 @@ local is_probe = probe == permit
 if effect == 'success' then
   mode, failures, open_until, probe = 'closed', 0, 0, false
 elseif effect == 'auth_failure' then
-  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[19])), false
+  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[21])), false
 elseif effect == 'failure' then
   if is_probe then
     mode, open_until, probe = 'open', now + cooldown, false
@@ -175,9 +195,9 @@ end
 
 -- AIMD (mirrors polygate_celery.core.aimd): one decrease per congestion episode
 if effect == 'success' then
-  limit = math.min(cap, limit + tonumber(ARGV[21]))
+  limit = math.min(cap, limit + tonumber(ARGV[23]))
 elseif congested and admitted_at > last_decrease then
-  limit, last_decrease = math.max(1, limit * tonumber(ARGV[22])), now
+  limit, last_decrease = math.max(1, limit * tonumber(ARGV[24])), now
 end
 
 -- written where the stored value differs (a field not stored yet is written)
@@ -212,7 +232,7 @@ if in_use >= permits then  -- full: reclaim the leases expired by now, count aga
   in_use = in_use - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 end
 if in_use >= permits then return reply(1) end
-local origin, name = ARGV[14], ARGV[15]
+local origin, name = ARGV[16], ARGV[17]
 while head do
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
   redis.call('ZREM', KEYS[6], head)
@@ -221,7 +241,7 @@ while head do
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return reply(call) end
-    redis.call('PUBLISH', ARGV[16] .. waiter_origin, call .. ' ' .. name)
+    redis.call('PUBLISH', ARGV[18] .. waiter_origin, call .. ' ' .. name)
     return reply(1)
   end
   head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
