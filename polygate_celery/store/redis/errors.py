@@ -93,7 +93,28 @@ def cluster_refusal(exc: BaseException, client: object) -> bool:
     return isinstance(exc, MovedError | AskError) or "not allowed in cluster mode" in str(exc)
 
 
-class translated:
+class _Around:
+    """A block whose failure `_failed` turns into a `GovernanceBackendError`."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+
+class translated(_Around):  # lower case: read as ``with translated("admit"):``
     """Around a command or script: any failure but cancellation leaves as the
     `GovernanceBackendError` it is (`error_class`), named `op`, its cause chained.
 
@@ -107,22 +128,14 @@ class translated:
         self.op = op
         self.client = client
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None or not isinstance(exc, Exception) or isinstance(exc, GovernanceBackendError):
-            return  # success, cancellation, or translated already: unchanged
+    def _failed(self, exc: BaseException) -> None:
+        if not isinstance(exc, Exception) or isinstance(exc, GovernanceBackendError):
+            return  # cancellation, or translated already: unchanged
         refusal = self.client is not None and cluster_refusal(exc, self.client)
         raise backend_error(exc, self.op, CLUSTER_HINT if refusal else "") from exc
 
 
-class reading:
+class reading(_Around):  # lower case: read as ``with reading("admit", reply):``
     """Around the decoding of `reply`: an item missing, of the wrong type or unparsable
     is a `StoreReplyError` naming `op` and the reply, its cause chained."""
 
@@ -132,14 +145,6 @@ class reading:
         self.op = op
         self.reply = reply
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _failed(self, exc: BaseException) -> None:
         if isinstance(exc, ValueError | TypeError | IndexError | KeyError):
             raise bad_reply(self.op, self.reply) from exc
