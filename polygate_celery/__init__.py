@@ -17,6 +17,8 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     PolygateError,
     SourceFatalError,
+    StoreReplyError,
+    StoreUnreachable,
 )
 from polygate_celery.governance import CallResult, Gateway
 from polygate_celery.sources import Source
@@ -42,6 +44,8 @@ __all__ = [
     "Source",
     "SourceFatalError",
     "Store",
+    "StoreReplyError",
+    "StoreUnreachable",
     "SystemClock",
     "__version__",
     "load_config",

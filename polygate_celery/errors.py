@@ -8,6 +8,8 @@ The tree::
     │   │                              "deadline"}, .retry_after_s, .scope, .attempts,
     │   │                              .last_error, .trail
     │   └── GovernanceBackendError     the governance store is unreachable or answered nonsense
+    │       ├── StoreUnreachable       no connection, a timeout, no master or slot yet
+    │       └── StoreReplyError        a reply that cannot be read, a script's own error
     ├── SourceFatalError               request-level: bad request, content policy, no source
     │                                  left → never retried
     ├── DeferralBudgetExceeded         a Celery task deferred too often or too long → FAILURE,
@@ -117,6 +119,32 @@ class GovernanceBackendError(GatewayUnavailableError):
     def __str__(self) -> str:
         prefix = f"scope {self.scope!r}: " if self.scope else ""
         return f"{prefix}governance store unavailable: {self.message}"
+
+
+class StoreUnreachable(GovernanceBackendError):
+    """The governance store could not be reached or did not answer in time.
+
+    A refused or reset connection, a timeout, a server still loading its data,
+    Sentinel knowing no master, a cluster with a slot uncovered or down, a
+    replica that no longer takes writes after a failover. Waiting may mend it:
+    the same client reconnects when Redis is back.
+
+    Attributes:
+        message: What failed (an address, never a password).
+        scope: The call's scope, when one was known.
+    """
+
+
+class StoreReplyError(GovernanceBackendError):
+    """The governance store answered, but not with anything the store layer can use.
+
+    A reply of the wrong shape, an error a script raised, a key of the wrong
+    type, a server out of memory: waiting for the connection would not mend it.
+
+    Attributes:
+        message: What failed, with the reply when it is short of secrets.
+        scope: The call's scope, when one was known.
+    """
 
 
 class SourceFatalError(PolygateError):

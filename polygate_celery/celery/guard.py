@@ -25,14 +25,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import redis
 from celery import Task, states
 
 from polygate_celery.celery.chords import count_stored_part
 from polygate_celery.celery.identity import COPY, RunIdentity
 from polygate_celery.celery.parking import lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
-from polygate_celery.errors import GovernanceBackendError
+from polygate_celery.errors import GovernanceBackendError, StoreUnreachable
 from polygate_celery.store.redis import LuaScript, lua_text, run_script
 
 Verdict = Literal["go", "done", "running", "poison"]
@@ -159,14 +158,6 @@ def outcome_stored_since(task: Task[Any, Any], began: float) -> dict[str, Any] |
 FINISH_PATIENCE_S = 30.0
 """How long a finished run waits for Redis to record it (about Celery's publish retry):
 a run whose result was stored while Redis restarted must not run again for want of it."""
-_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Redis could not be reached: the error itself, or the one a store error wraps."""
-    return isinstance(exc, _UNREACHABLE) or (
-        isinstance(exc, GovernanceBackendError) and isinstance(exc.__cause__, _UNREACHABLE)
-    )
 
 
 def patiently(
@@ -176,8 +167,8 @@ def patiently(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Run `step`, retrying for `within_s` while Redis is unreachable (backing off from
-    0.1 s to 2 s), as Celery's result backend does for the outcome it just stored."""
+    """Run `step`, retrying for `within_s` while it raises `StoreUnreachable` (backing off
+    from 0.1 s to 2 s), as Celery's result backend does for the outcome it just stored."""
     deadline = clock() + within_s
     delay = 0.1
     while True:
@@ -185,7 +176,7 @@ def patiently(
             step()
             return
         except Exception as exc:
-            if not _unreachable(exc):
+            if not isinstance(exc, StoreUnreachable):
                 logger.warning("recording a governed task's run failed", exc_info=True)
                 return
             if clock() + delay > deadline:

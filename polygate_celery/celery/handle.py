@@ -25,6 +25,7 @@ from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.governance.loop import CallResult
 from polygate_celery.sources.payloads import ChatResult, EmbeddingResult, OcrResult
+from polygate_celery.store.redis import translated
 
 logger = logging.getLogger("polygate_celery")
 WAKE_INTERVAL_S = 1.0  # the most often one process wakes one scope's parked tasks
@@ -140,10 +141,8 @@ class _Calls:
 
     async def _redis(self, command: str, *args: Any, **kwargs: Any) -> Any:
         assert self.runtime.redis is not None
-        try:
+        with translated():
             return await getattr(self.runtime.redis, command)(*args, **kwargs)
-        except Exception as exc:
-            raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
 
 
 class AsyncGovernedCalls(_Calls):

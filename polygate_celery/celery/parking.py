@@ -62,8 +62,7 @@ from polygate_celery.celery.parked_message import (
 )
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.core.backoff import backoff_delay
-from polygate_celery.errors import GovernanceBackendError
-from polygate_celery.store.redis import KeySpace, LuaScript, lua_text, run_script
+from polygate_celery.store.redis import KeySpace, LuaScript, lua_text, run_script, translated
 
 logger = logging.getLogger("polygate_celery")
 TRANSIENT_BROKER_ERRORS = (OperationalError, ConnectionError, OSError, TimeoutError)
@@ -284,17 +283,13 @@ class ParkingLot:
         return [bool(int(flag)) for flag in reply]
 
     async def size(self) -> int:
-        try:
+        with translated():
             return int(await self.client.zcard(self.keys[0]))
-        except Exception as exc:
-            raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
 
     async def dead_letters(self) -> dict[str, str]:
         """Entry id -> why it was buried, a newline, then the whole entry."""
-        try:
+        with translated():
             found = await self.client.hgetall(self.dead)
-        except Exception as exc:
-            raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
         return {_str(k): _str(v) for k, v in found.items()}
 
 

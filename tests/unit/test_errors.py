@@ -17,6 +17,8 @@ from polygate_celery.errors import (
     GovernanceBackendError,
     PolygateError,
     SourceFatalError,
+    StoreReplyError,
+    StoreUnreachable,
 )
 
 TRAIL = (
@@ -35,6 +37,8 @@ FIELDS: dict[type[PolygateError], tuple[str, ...]] = {
         "rate_limited",
     ),
     GovernanceBackendError: ("message", "scope"),
+    StoreUnreachable: ("message", "scope"),
+    StoreReplyError: ("message", "scope"),
     SourceFatalError: ("reason", "scope", "source", "status", "trail"),
     ConfigError: ("field", "message", "problems"),
     DeferralBudgetExceeded: (
@@ -57,6 +61,8 @@ EXAMPLES: list[PolygateError] = [
     AllSourcesExhausted("deadline", "s", 3600.0, 7, None, [r.as_dict() for r in TRAIL]),
     GovernanceBackendError("connection refused", "summarise"),
     GovernanceBackendError("script returned nonsense"),
+    StoreUnreachable("admit: ConnectionError: Connection refused", "summarise"),
+    StoreReplyError("gate: unexpected reply b'x'"),
     SourceFatalError("content policy", "summarise", "a", 400, TRAIL),
     SourceFatalError("no source left", "summarise"),
     ConfigError("scopes.x.stall_window_s", "Input should be greater than 0"),
@@ -165,6 +171,9 @@ def test_class_hierarchy() -> None:
     assert issubclass(GatewayUnavailableError, PolygateError)
     assert issubclass(AllSourcesExhausted, GatewayUnavailableError)
     assert issubclass(GovernanceBackendError, GatewayUnavailableError)
+    assert issubclass(StoreUnreachable, GovernanceBackendError)
+    assert issubclass(StoreReplyError, GovernanceBackendError)
+    assert not issubclass(StoreUnreachable, StoreReplyError)
     assert issubclass(SourceFatalError, PolygateError)
     assert not issubclass(SourceFatalError, GatewayUnavailableError)
     assert issubclass(ConfigError, PolygateError)

@@ -7,6 +7,7 @@ from polygate_celery.store.redis.connect import (
     redis_client,
     sync_redis_client,
 )
+from polygate_celery.store.redis.errors import translated
 from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import SCHEMA_VERSION, KeySpace
 from polygate_celery.store.redis.store import LuaScript, RedisStore, lua_text, run_script
@@ -25,4 +26,5 @@ __all__ = [
     "redis_client",
     "run_script",
     "sync_redis_client",
+    "translated",
 ]

@@ -7,8 +7,9 @@ costs two script calls: `admit` and `settle`. Time inside the scripts is Redis
 ``TIME``, or the injected clock's time passed as an argument.
 
 The client (`connect`: one server, Sentinel or a Cluster) runs without hidden
-retries and with explicit timeouts: every connection error, timeout, script
-error or malformed reply becomes a `GovernanceBackendError` at once, so a call
+retries and with explicit timeouts: every connection error or timeout becomes a
+`StoreUnreachable`, every script error or malformed reply a `StoreReplyError`
+(both `GovernanceBackendError`s, translated in `errors`) at once, so a call
 fails closed within the socket timeout, and the same client reconnects when
 Redis is back (after a failover, to the new master).
 """
@@ -30,7 +31,7 @@ import redis as sync
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import AskError, MovedError, NoScriptError
+from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
 from polygate_celery.config.gateway import GatewayConfig
@@ -38,7 +39,6 @@ from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import WINDOW_S, counts_in_windows, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
-from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.store.base import (
     AdmitRequest,
     BlockReason,
@@ -60,6 +60,7 @@ from polygate_celery.store.redis.connect import (
     governance_client,
     redis_client,
 )
+from polygate_celery.store.redis.errors import bad_reply, reading, translated
 from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.redis.wire import Command, KeptConnections
@@ -70,10 +71,7 @@ logger = logging.getLogger("polygate_celery")
 PROGRESS_TTL_S = 3600.0
 _COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
 _SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "quota")
-# Whatever the client raises is a backend failure (e.g. redis-py's RuntimeError
-# for a connection made on another event loop); cancellation passes through.
-_BACKEND_ERRORS = (Exception,)
-_REPLY_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+_ANY = translated()  # a script of another layer's: the message is Redis's own
 _BREAKER_CHANGES: dict[str, BreakerChange] = {
     "opened": "opened",
     "reopened": "reopened",
@@ -81,33 +79,19 @@ _BREAKER_CHANGES: dict[str, BreakerChange] = {
 }
 
 
-_CLUSTER_HINT = (
-    " (the server is a Redis Cluster node: set store.cluster_nodes instead of store.redis_url)"
-)
-
-
-def _cluster_refusal(exc: Exception, client: AsyncClient) -> bool:
-    """A server that answers as a cluster node, reached with a single-server client."""
-    if isinstance(client, RedisCluster):
-        return False
-    return isinstance(exc, MovedError | AskError) or "not allowed in cluster mode" in str(exc)
-
-
 def _flags(reply: Any, n: int, name: str, *, followed: bool = False) -> list[bool]:
     """The first `n` items of a script's reply, each 1 or 0, as booleans; the reply holds
     exactly those unless `followed` (more items after them)."""
-    try:
+    with reading(name, reply):
         flags = [int(x) == 1 for x in reply[:n]]
-    except _REPLY_ERRORS as exc:
-        raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}") from exc
     if len(flags) != n or (not followed and len(reply) != n):
-        raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}")
+        raise bad_reply(name, reply)
     return flags
 
 
 def _changes_reply(reply: list[Any], settlement: Settlement) -> Any:
     """Log the state changes settle.lua reported (see its header); its result."""
-    try:
+    with reading("settle", reply):
         result, breaker, open_for, pause, gate = reply
         mode = breaker.decode() if isinstance(breaker, bytes) else str(breaker)
         fresh = pause.decode() if isinstance(pause, bytes) else str(pause)
@@ -117,8 +101,6 @@ def _changes_reply(reply: list[Any], settlement: Settlement) -> Any:
             paused_for_s=float(fresh) if fresh else None,
             gate_opened=gate in (b"1", "1"),
         )
-    except _REPLY_ERRORS as exc:
-        raise GovernanceBackendError(f"settle: unexpected reply {reply!r}") from exc
     log_changes(settlement, changes)
     return result
 
@@ -186,6 +168,7 @@ class RedisStore:
         self._clock = clock
         self._io_hold = clock.waiting_for_io if isinstance(clock, WaitsForIO) else None
         self._scripts = {name: LuaScript(_lua(name)) for name in _SCRIPTS}
+        self._translated = {name: translated(name, client) for name in _SCRIPTS}
         self._origin = uuid.uuid4().hex[:12]
         self._lease_arg = _fmt(lease_s).encode()
         self._encodings: dict[SourceTerms, _Encoded] = {}
@@ -261,7 +244,7 @@ class RedisStore:
             _fmt(request.book_within_s).encode() if request.book_within_s > 0 else b"",
         )
         reply = await self._send("admit", self._admit_command(request), args)
-        try:
+        with reading("admit", reply):
             kind = int(reply[0])
             if kind in (1, 4):  # 4: the source's half-open probe (turned, open_s, error)
                 handed = reply[6:] if kind == 4 else reply[3:]
@@ -305,8 +288,6 @@ class RedisStore:
                 booked_in_s=float(reply[2]) if booked else None,
                 errors=errors,
             )
-        except _REPLY_ERRORS as exc:
-            raise GovernanceBackendError(f"admit: unexpected reply {reply!r}") from exc
 
     async def settle(self, settlement: Settlement) -> bool:
         terms = settlement.source
@@ -379,7 +360,7 @@ class RedisStore:
             flags = _flags(reply, len(order), "keep", followed=True)
             woken = reply[len(order) :]
             if len(woken) % 2:
-                raise GovernanceBackendError(f"keep: unexpected reply {reply!r}")
+                raise bad_reply("keep", reply)
             for call_id, source in zip(woken[::2], woken[1::2], strict=True):
                 self._releases.wake_call(str(call_id), str(source))
             for i, flag in zip(order, flags, strict=True):
@@ -390,10 +371,8 @@ class RedisStore:
         reply = await self._run(
             "progress", [self.keys.progress(scope)], [self._now(), "age", _fmt(PROGRESS_TTL_S)]
         )
-        try:
+        with reading("progress", reply):
             return math.inf if reply == "" else float(reply)
-        except _REPLY_ERRORS as exc:
-            raise GovernanceBackendError(f"progress: unexpected reply {reply!r}") from exc
 
     async def mark_progress(self, scope: str) -> None:
         await self._run(
@@ -413,10 +392,8 @@ class RedisStore:
 
     async def gate_closed_for_s(self, scope: str) -> float:
         reply = await self._run("gate", [self.keys.gate(scope)], [self._now(), "read"])
-        try:
+        with reading("gate", reply):
             return float(reply)
-        except _REPLY_ERRORS as exc:
-            raise GovernanceBackendError(f"gate: unexpected reply {reply!r}") from exc
 
     async def pause_source(self, source: str, seconds: float) -> None:
         keys = [self.keys.permits(source), self.keys.state(source)]
@@ -433,10 +410,8 @@ class RedisStore:
     async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
         keys = [self.keys.quota(quota.name), self.keys.quota_log(quota.name)]
         reply = await self._run("quota", keys, [self._now(), _fmt(WINDOW_S)])
-        try:
+        with reading("quota", reply):
             request_ahead_s, token_ahead_s, in_window = (float(x) for x in reply)
-        except _REPLY_ERRORS as exc:
-            raise GovernanceBackendError(f"quota: unexpected reply {reply!r}") from exc
         return QuotaSnapshot(
             name=quota.name,
             requests_used=requests_spent(
@@ -457,7 +432,7 @@ class RedisStore:
             source.aimd.initial_limit or 0,
         ]
         reply = await self._run("source", keys, args)
-        try:
+        with reading("snapshot", reply):
             live, limit, mode, failures, paused_for, learned_rpm, learned_tpm = reply
             return SourceSnapshot(
                 name=source.name,
@@ -469,8 +444,6 @@ class RedisStore:
                 learned_rpm=int(float(learned_rpm)) or None,
                 learned_tpm=int(float(learned_tpm)) or None,
             )
-        except _REPLY_ERRORS as exc:
-            raise GovernanceBackendError(f"snapshot: unexpected reply {reply!r}") from exc
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -536,7 +509,7 @@ class RedisStore:
         """Run `name` (admit or settle) with `command`'s keys and fixed arguments."""
         with self._io_hold() if self._io_hold is not None else contextlib.nullcontext():
             script = self._scripts[name]
-            try:
+            with self._translated[name]:
                 if self._kept is None:  # a cluster client: it routes by the keys' slot
                     if self._cold:
                         await self._warm()
@@ -546,19 +519,13 @@ class RedisStore:
                 except NoScriptError:
                     await script.load(self.client)
                     return await self._kept.roundtrip(command.pack(script.sha_bytes, args))
-            except _BACKEND_ERRORS as exc:
-                hint = _CLUSTER_HINT if _cluster_refusal(exc, self._client) else ""
-                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}{hint}") from exc
 
     async def _run(self, name: str, keys: list[str], args: Sequence[str | int | float]) -> Any:
-        with self._io_hold() if self._io_hold is not None else contextlib.nullcontext():
-            try:
-                if self._cold:
-                    await self._warm()
-                return await self._scripts[name].run(self.client, keys, args)
-            except _BACKEND_ERRORS as exc:
-                hint = _CLUSTER_HINT if _cluster_refusal(exc, self._client) else ""
-                raise GovernanceBackendError(f"{name}: {type(exc).__name__}: {exc}{hint}") from exc
+        hold = self._io_hold() if self._io_hold is not None else contextlib.nullcontext()
+        with hold, self._translated[name]:
+            if self._cold:
+                await self._warm()
+            return await self._scripts[name].run(self.client, keys, args)
 
     async def _warm(self) -> None:
         """Load a cluster client's slot table once, before its first command."""
@@ -571,10 +538,8 @@ class RedisStore:
 
     @staticmethod
     def _int(reply: Any, name: str) -> int:
-        try:
+        with reading(name, reply):
             return int(reply)
-        except _REPLY_ERRORS as exc:
-            raise GovernanceBackendError(f"{name}: unexpected reply {reply!r}") from exc
 
     def _listen_for_releases(self) -> None:
         """Subscribe to this process's wake-up channel, from the first time a caller here
@@ -627,7 +592,7 @@ class RedisStore:
                 for call, score in zip(calls, scores, strict=True):
                     if score is not None:
                         self._releases.wake_call(call, source)
-        except _BACKEND_ERRORS:
+        except Exception:
             logger.debug("looking for permits handed before listening failed", exc_info=True)
 
     @contextlib.asynccontextmanager
@@ -684,16 +649,15 @@ class LuaScript:
     def run_blocking(
         self, client: sync.Redis, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        """`run` on a blocking client; any failure of Redis is a `GovernanceBackendError`."""
-        try:
+        """`run` on a blocking client; any failure of Redis is a `GovernanceBackendError`
+        (`errors.translated`)."""
+        with _ANY:
             try:
                 return client.evalsha(self.sha, len(keys), *keys, *args)
             except NoScriptError:
                 self.sha = client.script_load(self.text)
                 self.sha_bytes = self.sha.encode()
                 return client.evalsha(self.sha, len(keys), *keys, *args)
-        except _BACKEND_ERRORS as exc:
-            raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -765,8 +729,7 @@ _INCLUDE = "-- include: "
 async def run_script(
     script: LuaScript, client: Redis, keys: Sequence[str], args: Sequence[str | int | float]
 ) -> Any:
-    """Run `script`; any failure of Redis is a `GovernanceBackendError`, cause chained."""
-    try:
+    """Run `script`; any failure of Redis is a `GovernanceBackendError`, cause chained
+    (`errors.translated`)."""
+    with _ANY:
         return await script.run(client, keys, args)
-    except _BACKEND_ERRORS as exc:
-        raise GovernanceBackendError(f"{type(exc).__name__}: {exc}") from exc
