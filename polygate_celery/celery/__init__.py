@@ -31,13 +31,14 @@ from polygate_celery.celery.runtime import (
     set_runtime_parts,
 )
 from polygate_celery.celery.signals import task_deferred
-from polygate_celery.celery.task import PoisonMessage, governed
+from polygate_celery.celery.task import governed
 from polygate_celery.celery.worker import (
     check_eviction_policy,
     configure_worker,
     start_release_loop,
     time_limits,
 )
+from polygate_celery.errors import PoisonMessage
 
 __all__ = [
     "DEFERRALS",
