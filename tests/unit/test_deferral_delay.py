@@ -9,8 +9,7 @@ import pytest
 from celery import Celery
 
 from polygate_celery import AllSourcesExhausted, DeferralBudgetExceeded, parse_config
-from polygate_celery.celery import DeferralState, deferral_delay
-from polygate_celery.celery.deferral import next_deferral
+from polygate_celery.celery.deferral import DeferralState, deferral_delay, next_deferral
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.testing import VirtualClock
 from polygate_celery.testing.celery import governed_tasks
