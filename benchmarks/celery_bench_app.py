@@ -19,7 +19,8 @@ import redis as sync_redis
 from celery import Celery
 
 from polygate_celery import AllSourcesExhausted, load_config
-from polygate_celery.celery import DEFERRALS, GovernedCalls, configure_worker, governed
+from polygate_celery.celery import GovernedCalls, configure_worker, governed
+from polygate_celery.celery.identity import DEFERRALS
 
 BROKER = os.environ.get("POLYGATE_BENCH_BROKER", "redis://127.0.0.1:6379/10")
 COUNTERS = os.environ.get("POLYGATE_BENCH_COUNTERS", "{polygate-bench}:bench")

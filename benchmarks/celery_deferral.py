@@ -59,7 +59,8 @@ from benchmarks._processes import (  # noqa: E402
     track,
 )
 from polygate_celery import parse_config  # noqa: E402
-from polygate_celery.celery import ParkingLot, configure_worker, lot_name  # noqa: E402
+from polygate_celery.celery import configure_worker  # noqa: E402
+from polygate_celery.celery.parking import ParkingLot, lot_name  # noqa: E402
 from polygate_celery.config.models import DeferralConfig  # noqa: E402
 from polygate_celery.store.redis import KeySpace  # noqa: E402
 from tests.celery.workers import toml  # noqa: E402

@@ -291,3 +291,18 @@ class ConfigError(PolygateError):
         if len(lines) == 1:
             return f"invalid configuration: {lines[0]}"
         return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+class PoisonMessage(PolygateError):
+    """A task message whose every run lost its worker: failed instead of redelivered again."""
+
+    def __init__(self, task_id: str, redeliveries: int) -> None:
+        self.task_id = task_id
+        self.redeliveries = redeliveries
+        super().__init__(task_id, redeliveries)
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task_id} was redelivered more than {self.redeliveries} times "
+            "(its worker lost, or its retry not taken by the broker, each time)"
+        )

@@ -19,48 +19,26 @@ except ImportError as exc:
         name=exc.name,
     ) from exc
 
-from polygate_celery.celery.deferral import DEFERRED, DeferralState, deferral_delay
+from polygate_celery.celery.deferral import DEFERRED
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
-from polygate_celery.celery.identity import DEFERRALS, SUBMISSION, RunIdentity
-from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
-from polygate_celery.celery.runtime import (
-    RuntimeParts,
-    WorkerRuntime,
-    reset_runtime,
-    runtime_for,
-    set_runtime_parts,
-)
+from polygate_celery.celery.runtime import RuntimeParts, reset_runtime, set_runtime_parts
 from polygate_celery.celery.signals import task_deferred
-from polygate_celery.celery.task import PoisonMessage, governed
-from polygate_celery.celery.worker import (
-    check_eviction_policy,
-    configure_worker,
-    start_release_loop,
-    time_limits,
-)
+from polygate_celery.celery.task import governed
+from polygate_celery.celery.worker import configure_worker
+from polygate_celery.errors import DeferralBudgetExceeded, PoisonMessage
 
+# What a Celery app uses. The machinery (the parking lot, its releaser, run identities,
+# the worker runtime) stays importable from its own module.
 __all__ = [
-    "DEFERRALS",
     "DEFERRED",
-    "SUBMISSION",
     "AsyncGovernedCalls",
-    "DeferralState",
+    "DeferralBudgetExceeded",
     "GovernedCalls",
-    "ParkingLot",
     "PoisonMessage",
-    "Releaser",
-    "RunIdentity",
     "RuntimeParts",
-    "WorkerRuntime",
-    "check_eviction_policy",
     "configure_worker",
-    "deferral_delay",
     "governed",
-    "lot_name",
     "reset_runtime",
-    "runtime_for",
     "set_runtime_parts",
-    "start_release_loop",
     "task_deferred",
-    "time_limits",
 ]

@@ -18,7 +18,6 @@ shows the task as deferred rather than running. In eager mode
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -116,6 +115,45 @@ def deferral_delay(
     return base + spread * u
 
 
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """One deferral decided: the state its message carries on, and how long it waits."""
+
+    state: DeferralState
+    delay_s: float
+    reason: str
+    scope: str | None
+    estimate_s: float
+    reset: bool  # a wait for rate limits to reset: not grown
+
+
+def next_deferral(
+    state: DeferralState,
+    verdict: GatewayUnavailableError,
+    config: DeferralConfig,
+    now: float,
+    u: float,
+) -> Deferral:
+    """The deferral after `state` for `verdict`, at wall-clock time `now` (seconds since
+    the epoch: the first deferral's time travels in the message to other workers) with
+    the jitter's draw `u` in [0, 1).
+
+    Raises:
+        DeferralBudgetExceeded: `max_deferrals` or `max_defer_age_s` is spent.
+    """
+    first = state.first_at if state.first_at is not None else now
+    count = state.count + 1
+    scope = getattr(verdict, "scope", None)
+    reason = verdict.reason if isinstance(verdict, AllSourcesExhausted) else "backend_error"
+    estimate = verdict.retry_after_s if isinstance(verdict, AllSourcesExhausted) else 1.0
+    if count > config.max_deferrals or now - first > config.max_defer_age_s:
+        raise DeferralBudgetExceeded.after(verdict, state.count, now - first) from verdict
+    reset = isinstance(verdict, AllSourcesExhausted) and verdict.rate_limited
+    delay = deferral_delay(estimate, state.grown, config, u, grow=not reset)
+    grown = state.grown if reset else state.grown + 1
+    return Deferral(DeferralState(count, first, grown), delay, reason, scope, estimate, reset)
+
+
 def countdown_cap_s(task: Task[Any, Any]) -> float:
     """The longest countdown whose run still ends within the broker's visibility timeout
     (Redis) or consumer timeout (RabbitMQ).
@@ -144,20 +182,19 @@ def defer(
     the run is released, so its redelivery runs.
     """
     config = runtime.config.deferral
-    state = DeferralState.of(task)
-    now = time.time()
-    first = state.first_at if state.first_at is not None else now
-    count = state.count + 1
-    scope = getattr(verdict, "scope", None)
-    reason = verdict.reason if isinstance(verdict, AllSourcesExhausted) else "backend_error"
-    estimate = verdict.retry_after_s if isinstance(verdict, AllSourcesExhausted) else 1.0
-    if count > config.max_deferrals or now - first > config.max_defer_age_s:
-        raise DeferralBudgetExceeded.after(verdict, state.count, now - first) from verdict
-    reset = isinstance(verdict, AllSourcesExhausted) and verdict.rate_limited
-    delay = deferral_delay(estimate, state.grown, config, random.random(), grow=not reset)
-    grown = state.grown if reset else state.grown + 1
-    headers = guard.run.pinned({**(task.request.headers or {}), DEFERRALS: count, GROWN: grown})
-    headers[FIRST_DEFERRED_AT] = first
+    now = runtime.wall_time()
+    step = next_deferral(DeferralState.of(task), verdict, config, now, runtime.random())
+    count, delay, reason, scope, estimate = (
+        step.state.count,
+        step.delay_s,
+        step.reason,
+        step.scope,
+        step.estimate_s,
+    )
+    headers = guard.run.pinned(
+        {**(task.request.headers or {}), DEFERRALS: count, GROWN: step.state.grown}
+    )
+    headers[FIRST_DEFERRED_AT] = step.state.first_at
     headers.pop(COPY, None)  # the next run is a new run, not a copy of this one
     trace = run_trace.get()
     if trace is not None and trace.latest:
@@ -170,7 +207,7 @@ def defer(
     entry = guard.run.deferred().key
     # An outage's deferral (not a wait for rate limits to reset) is indexed by its scope:
     # the scope's next success makes it due at once (`ParkingLot.wake`).
-    outage = scope if reason == "stalled" and not reset else None
+    outage = scope if reason == "stalled" and not step.reset else None
     if chosen == "park" and _park(task, runtime, entry, delay, signature, guard, outage):
         guard.forget()  # the lot marked this run finished as it took the message
     else:
@@ -213,7 +250,7 @@ def requeue_copy(task: Task[Any, Any], runtime: WorkerRuntime, guard: ExecutionG
     headers = guard.run.pinned({**(task.request.headers or {}), COPY: cycles + 1})
     signature = task.signature_from_request(task.request, headers=headers)
     wait = min(COPY_WAIT_MAX_S, max(guard.wait_s, 1.0) * 2 ** min(cycles, 6))
-    delay = wait + random.uniform(0.1, 0.5)
+    delay = wait + 0.1 + 0.4 * runtime.random()  # random.uniform(0.1, 0.5)'s draw
     log = logger.warning if cycles == 0 else logger.info
     log("task %s: a copy of a live run arrived; it looks again in %.1f s", task.request.id, delay)
     if not _park(task, runtime, f"{guard.run.key}:copy", delay, signature, None):

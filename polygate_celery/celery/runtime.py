@@ -17,7 +17,9 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import random as _random
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -202,6 +204,9 @@ class WorkerRuntime:
             scope_gate=True,
             caller="task",  # a task parks: an outage's failures are waiting (rule 15)
         )
+        # Deferral times travel in messages to other workers: seconds since the epoch.
+        self.wall_time: Callable[[], float] = time.time
+        self.random: Callable[[], float] = parts.random or _random.random
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
         # scope -> when this process last woke its parked tasks (`handle._wake_parked`)
         self.woken_at: dict[str, float] = {}

@@ -50,27 +50,12 @@ from polygate_celery.errors import (
     AllSourcesExhausted,
     ConfigError,
     GovernanceBackendError,
-    PolygateError,
+    PoisonMessage,
 )
 from polygate_celery.telemetry import run_trace
 
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("polygate_celery")
-
-
-class PoisonMessage(PolygateError):
-    """A task message whose every run lost its worker: failed instead of redelivered again."""
-
-    def __init__(self, task_id: str, redeliveries: int) -> None:
-        self.task_id = task_id
-        self.redeliveries = redeliveries
-        super().__init__(task_id, redeliveries)
-
-    def __str__(self) -> str:
-        return (
-            f"task {self.task_id} was redelivered more than {self.redeliveries} times "
-            "(its worker lost, or its retry not taken by the broker, each time)"
-        )
 
 
 def governed(

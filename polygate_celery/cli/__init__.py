@@ -15,9 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from polygate_celery import __version__
-from polygate_celery.cli import check_config, example, metrics, source, status
+from polygate_celery.cli import check_config, demo, example, metrics, source, status
 from polygate_celery.cli.errors import ArgumentParser, CliError, missing_extra, report
-from polygate_celery.demo import cli as demo
 
 INTERRUPTED = 130
 BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that left
@@ -37,7 +36,6 @@ def build_parser() -> ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for command in (demo, status, check_config, source, metrics, example):
         command.add_command(commands)
-    commands.choices["demo"].set_defaults(extra="demo")  # whichever of its modules is missing
     return parser
 
 

@@ -16,8 +16,10 @@ RpmWindow = Literal["sliding", "bucket"]
 
 @dataclass(frozen=True, slots=True)
 class BreakerTerms:
+    """The breaker's terms; the defaults are the configuration's (`BreakerConfig`)."""
+
     failure_threshold: int = 5
-    cooldown_s: float = 30.0
+    cooldown_s: float = 10.0
     auth_cooldown_s: float = 600.0
 
 

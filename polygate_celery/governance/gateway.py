@@ -19,6 +19,7 @@ from polygate_celery.governance.loop import CallResult, GovernedCall, Runtime
 from polygate_celery.governance.places import PlaceKeeper
 from polygate_celery.governance.plan import CallerKind, ScopePlan
 from polygate_celery.sources.base import Source
+from polygate_celery.sources.exchange import OpenAIStyleSource
 from polygate_celery.sources.factory import sources_from_config
 from polygate_celery.sources.payloads import (
     ChatRequest,
@@ -84,9 +85,10 @@ class Gateway:
         self.store = (
             store if store is not None else store_from_config(config.store, clock, groups_of=config)
         )
-        self._owns_sources = sources is None
+        # No sources given: the configuration's adapters, owned and closed by this gateway.
+        self._own_sources: dict[str, OpenAIStyleSource] = {}
         if sources is None:
-            sources = sources_from_config(config)
+            sources = self._own_sources = sources_from_config(config)
         used = {name for scope in config.scopes.values() for name in scope.sources}
         missing = sorted(used - set(sources))
         if missing:
@@ -234,14 +236,9 @@ class Gateway:
         await self._runtime.leases.aclose()
         await self._runtime.places.aclose()
         if self._owns_store:
-            close_store = getattr(self.store, "aclose", None)
-            if close_store is not None:
-                await close_store()
-        if self._owns_sources:
-            for source in self._runtime.sources.values():
-                close = getattr(source, "aclose", None)
-                if close is not None:
-                    await close()
+            await self.store.aclose()
+        for source in self._own_sources.values():
+            await source.aclose()
 
     async def snapshot(self, scope: str) -> list[SourceSnapshot]:
         """The governance state of each source of `scope`, read from the store.

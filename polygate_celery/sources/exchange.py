@@ -146,6 +146,10 @@ class OpenAIStyleSource(ABC):
     def _secrets(self) -> tuple[str, ...]:
         return ()
 
+    async def aclose(self) -> None:  # noqa: B027 - a default, not an abstract method
+        """Close the clients this source made for the running event loop (by default it
+        made none: a shared or given client is not its own)."""
+
     # -- one attempt ----------------------------------------------------------------
 
     def limits_first_token(self, payload: Any) -> bool:

@@ -7,8 +7,11 @@ from typing import Any
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
 from polygate_celery.errors import ConfigError
-from polygate_celery.sources.base import Source
-from polygate_celery.sources.exchange import DEFAULT_OCR_PROMPT, MAX_BODY_BYTES
+from polygate_celery.sources.exchange import (
+    DEFAULT_OCR_PROMPT,
+    MAX_BODY_BYTES,
+    OpenAIStyleSource,
+)
 from polygate_celery.sources.http import OpenAIHttpSource
 from polygate_celery.sources.sdk import OpenAISDKSource, openai_module
 
@@ -17,7 +20,9 @@ DEFAULT_TTFT_S = 15.0
 token fails over within this long (see `SourceSettings.ttft_timeout_s`)."""
 
 
-def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool = False) -> Source:
+def source_from_config(
+    name: str, source: SourceConfig, *, include_bodies: bool = False
+) -> OpenAIStyleSource:
     """The HTTP (or openai SDK) adapter of one configured source."""
     if not source.base_url:
         raise ConfigError(f"sources.{name}.base_url", "needed to reach this source")
@@ -67,7 +72,7 @@ def source_from_config(name: str, source: SourceConfig, *, include_bodies: bool 
     )
 
 
-def sources_from_config(config: GatewayConfig) -> dict[str, Source]:
+def sources_from_config(config: GatewayConfig) -> dict[str, OpenAIStyleSource]:
     """An adapter for every source some scope uses."""
     used = {name for scope in config.scopes.values() for name in scope.sources}
     return {

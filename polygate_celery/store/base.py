@@ -293,3 +293,10 @@ class Store(Protocol):
         ...
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot: ...
+
+    async def aclose(self) -> None:
+        """Release what the store holds (connections, listeners); nothing to do in memory.
+
+        Call it once, after the last call has ended.
+        """
+        ...

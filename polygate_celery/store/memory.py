@@ -724,6 +724,9 @@ class MemoryStore:
         """Permits here carry no lease (one is held until settled): report which are held."""
         return [permit_id in self._source(source).permits for source, permit_id, _ in leases]
 
+    async def aclose(self) -> None:
+        """Nothing to close: the state lives in this process's memory."""
+
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         state = self._source(source)
         learned = state.learned.live(self._clock.now())

@@ -13,8 +13,8 @@ import redis as sync_redis
 from celery.contrib.testing.worker import start_worker
 
 from polygate_celery import GatewayConfig, parse_config
-from polygate_celery.celery import configure_worker, runtime_for
-from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.celery import configure_worker
+from polygate_celery.celery.runtime import reset_runtime, runtime_for
 from polygate_celery.telemetry import TelemetryHook
 from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider
 from tests.celery.app import app

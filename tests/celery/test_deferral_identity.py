@@ -19,15 +19,10 @@ import redis as sync_redis
 from celery import Celery
 
 from polygate_celery import AllSourcesExhausted
-from polygate_celery.celery import (
-    ParkingLot,
-    Releaser,
-    lot_name,
-    start_release_loop,
-    task_deferred,
-)
-from polygate_celery.celery.parking import capture_message
+from polygate_celery.celery import task_deferred
+from polygate_celery.celery.parking import ParkingLot, Releaser, capture_message, lot_name
 from polygate_celery.celery.task import EAGER_NOTE
+from polygate_celery.celery.worker import start_release_loop
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.app import (
     app,

@@ -8,7 +8,7 @@ from typing import Any
 import redis as sync_redis
 from celery import signals
 
-from polygate_celery.celery import ParkingLot, Releaser, lot_name
+from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
 from tests.celery.app import app, ask, record
 from tests.celery.conftest import Worker
 from tests.celery.test_outcomes import DEFER_PAUSE_S, pause, runs, wait_for_state

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 import redis as sync_redis
 
-from polygate_celery.celery import ParkingLot, lot_name
-from polygate_celery.celery.parking import capture_message
+from polygate_celery.celery.parking import ParkingLot, capture_message, lot_name
 from polygate_celery.store.redis import redis_client
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.testing.simulator import SimulatedProvider

@@ -22,8 +22,14 @@ from celery.contrib.testing.worker import start_worker
 from kombu import Queue
 
 from polygate_celery import AllSourcesExhausted, DeferralBudgetExceeded, SourceFatalError
-from polygate_celery.celery import DEFERRED, ParkingLot, Releaser, configure_worker, lot_name
-from polygate_celery.celery.parking import capture_message, publish_message
+from polygate_celery.celery import DEFERRED, configure_worker
+from polygate_celery.celery.parking import (
+    ParkingLot,
+    Releaser,
+    capture_message,
+    lot_name,
+    publish_message,
+)
 from polygate_celery.celery.runtime import reset_runtime, runtime_for
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.outcome_rows import outcome_config, outcome_models, outcome_tasks

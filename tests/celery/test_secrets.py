@@ -20,8 +20,8 @@ import redis as sync_redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from polygate_celery.celery import configure_worker, runtime_for
-from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.celery import configure_worker
+from polygate_celery.celery.runtime import reset_runtime, runtime_for
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.app import ask
 from tests.celery.outcome_rows import outcome_config, outcome_models, outcome_tasks

@@ -10,17 +10,16 @@ import pytest
 from celery import Celery, signals
 
 from polygate_celery import ConfigError, parse_config
-from polygate_celery.celery import (
-    GovernedCalls,
-    check_eviction_policy,
-    configure_worker,
-    governed,
-    time_limits,
-)
+from polygate_celery.celery import GovernedCalls, configure_worker, governed
 from polygate_celery.celery.broker import broker_kinds, check_broker_unchanged
 from polygate_celery.celery.deferral import countdown_cap_s
 from polygate_celery.celery.runtime import reset_runtime
-from polygate_celery.celery.worker import apply_time_limits, worker_settings
+from polygate_celery.celery.worker import (
+    apply_time_limits,
+    check_eviction_policy,
+    time_limits,
+    worker_settings,
+)
 from tests.redis_server import RedisServer
 
 REDIS_BROKER = "redis://127.0.0.1:1/0"  # never connected to: these tests read settings

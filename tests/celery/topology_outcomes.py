@@ -16,8 +16,8 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from polygate_celery import AllSourcesExhausted, SourceFatalError
-from polygate_celery.celery import configure_worker, runtime_for
-from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.celery import configure_worker
+from polygate_celery.celery.runtime import reset_runtime, runtime_for
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.testing.simulator import SimulatedProvider
 from tests.celery.outcome_rows import OutcomeTasks, outcome_config, outcome_models

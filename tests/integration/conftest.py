@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from polygate_celery.celery import ParkingLot
+from polygate_celery.celery.parking import ParkingLot
 from polygate_celery.store.redis import redis_client
 from polygate_celery.store.redis.keys import KeySpace
 from tests.conftest import unique_prefix

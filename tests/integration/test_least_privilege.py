@@ -20,8 +20,8 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from polygate_celery import AllSourcesExhausted, SourceFatalError
-from polygate_celery.celery import configure_worker, runtime_for
-from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.celery import configure_worker
+from polygate_celery.celery.runtime import reset_runtime, runtime_for
 from polygate_celery.store.redis import RedisStore
 from polygate_celery.testing import VirtualClock
 from polygate_celery.testing.simulator import SimulatedProvider

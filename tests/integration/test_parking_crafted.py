@@ -16,8 +16,7 @@ from celery import Celery
 from kombu import Queue
 from kombu.exceptions import OperationalError
 
-from polygate_celery.celery import ParkingLot
-from polygate_celery.celery.parking import Releaser
+from polygate_celery.celery.parking import ParkingLot, Releaser
 from polygate_celery.config.models import DeferralConfig
 from tests.celery.rabbitmq import rabbitmq_vhost  # noqa: F401 - a fixture
 from tests.integration.conftest import PARKED_MESSAGE

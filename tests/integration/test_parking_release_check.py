@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from polygate_celery.celery import ParkingLot
+from polygate_celery.celery.parking import ParkingLot
 from tests.integration.conftest import PARKED_MESSAGE
 
 KEEP_S = 100.0

@@ -13,8 +13,8 @@ from amqp.exceptions import MessageNacked
 from celery import Celery
 from kombu.exceptions import EncodeError
 
-from polygate_celery.celery import ParkingLot, parking
-from polygate_celery.celery.parking import Releaser
+from polygate_celery.celery import parking
+from polygate_celery.celery.parking import ParkingLot, Releaser
 from polygate_celery.config.models import DeferralConfig
 from tests.integration.conftest import PARKED_MESSAGE
 

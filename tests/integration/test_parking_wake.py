@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from polygate_celery.celery import ParkingLot
+from polygate_celery.celery.parking import ParkingLot
 from polygate_celery.celery.worker import probe_intervals
 from tests.conftest import make_config
 from tests.integration.conftest import PARKED_MESSAGE

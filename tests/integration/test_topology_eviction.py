@@ -14,8 +14,9 @@ import redis
 from celery import Celery
 
 from polygate_celery import parse_config
-from polygate_celery.celery import check_eviction_policy, configure_worker
+from polygate_celery.celery import configure_worker
 from polygate_celery.celery.runtime import reset_runtime
+from polygate_celery.celery.worker import check_eviction_policy
 from tests.redis_topologies import SERVICE, RedisClusterGroup, SentinelGroup
 
 CONFIG = {

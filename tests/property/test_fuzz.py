@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from polygate_celery import ConfigError, GatewayConfig, load_config, parse_config
-from polygate_celery.celery import DeferralState
+from polygate_celery.celery.deferral import DeferralState
 from polygate_celery.core.outcome import Outcome, OutcomeKind, RateLimits
 from polygate_celery.sources import ChatRequest, ChatResult, EmbeddingRequest
 from polygate_celery.sources.classify import rate_limits, retry_after_s

@@ -1,13 +1,18 @@
-"""The deferral delay: grown per deferral that waited out an estimate, never for a reset."""
+"""The deferral delay: grown per deferral that waited out an estimate, never for a reset;
+the deferral budget, read on the runtime's injected time and draws."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
+from celery import Celery
 
-from polygate_celery.celery import DeferralState, deferral_delay
+from polygate_celery import AllSourcesExhausted, DeferralBudgetExceeded, parse_config
+from polygate_celery.celery.deferral import DeferralState, deferral_delay, next_deferral
 from polygate_celery.config.models import DeferralConfig
+from polygate_celery.testing import VirtualClock
+from polygate_celery.testing.celery import governed_tasks
 
 CONFIG = DeferralConfig(growth=2.0, min_delay_s=1.0, max_delay_s=600.0, jitter=0.25)
 
@@ -73,3 +78,39 @@ def test_a_count_that_is_not_a_whole_number_reads_as_none(bad: object) -> None:
 
 def test_none_grown_is_a_count_of_its_own() -> None:
     assert headers(polygate_deferrals=3, polygate_grown=0).grown == 0
+
+
+STALLED = AllSourcesExhausted("stalled", "s", retry_after_s=30.0)
+BUDGET = DeferralConfig(
+    growth=2.0, min_delay_s=1.0, max_delay_s=600.0, jitter=0.25, max_defer_age_s=100.0
+)
+
+
+def test_a_virtual_clock_and_the_injected_draw_drive_the_deferral() -> None:
+    clock = VirtualClock(start=1_700_000_000.0)
+    first = next_deferral(DeferralState(), STALLED, BUDGET, clock.now(), u=1.0)
+    assert first.state == DeferralState(count=1, first_at=1_700_000_000.0, grown=1)
+    assert first.delay_s == deferral_delay(30.0, 0, BUDGET, u=1.0) == 37.5
+    clock.advance(first.delay_s)
+    second = next_deferral(first.state, STALLED, BUDGET, clock.now(), u=0.0)
+    assert second.state == DeferralState(count=2, first_at=1_700_000_000.0, grown=2)
+    assert second.delay_s == 60.0  # grown once, no jitter drawn
+    clock.advance(100.0)  # past max_defer_age_s since the first deferral
+    with pytest.raises(DeferralBudgetExceeded):
+        next_deferral(second.state, STALLED, BUDGET, clock.now(), u=0.0)
+
+
+def test_a_wait_for_a_reset_is_not_grown() -> None:
+    reset = AllSourcesExhausted("stalled", "s", retry_after_s=30.0, rate_limited=True)
+    step = next_deferral(DeferralState(count=2, first_at=0.0, grown=2), reset, BUDGET, 5.0, 0.0)
+    assert (step.reset, step.state.grown, step.delay_s) == (True, 2, 30.0)
+
+
+def test_a_runtime_draws_its_deferral_jitter_from_the_injected_random() -> None:
+    app = Celery("draws", set_as_current=False)
+    source = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    config = parse_config(
+        {"sources": {"a": source}, "scopes": {"s": {"kind": "chat", "sources": ["a"]}}}
+    )
+    with governed_tasks(app, config, clock=VirtualClock(), random=lambda: 0.75) as runtime:
+        assert runtime.random() == 0.75

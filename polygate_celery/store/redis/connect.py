@@ -24,6 +24,7 @@ With retries off, a call during a failover fails closed at once
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import redis as sync
@@ -81,9 +82,8 @@ def redis_client(
     url: str, *, socket_timeout_s: float = 2.0, connect_timeout_s: float = 2.0
 ) -> Redis:
     """An asyncio client of the server at `url`, with the governance settings."""
-    options = _pool_options(socket_timeout_s, connect_timeout_s)
-    pool = BlockingConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **options)
-    return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
+    client: Redis = _url_client(_ASYNC, url, socket_timeout_s, connect_timeout_s)
+    return client  # the client owns its pool: closing it closes the pool
 
 
 def sync_redis_client(
@@ -91,9 +91,14 @@ def sync_redis_client(
 ) -> sync.Redis:
     """A blocking client with `redis_client`'s settings, for a caller on its own thread
     (a Celery task's run markers): no hop to an event loop, half the time per script."""
+    client: sync.Redis = _url_client(_SYNC, url, socket_timeout_s, connect_timeout_s)
+    return client
+
+
+def _url_client(api: _Api, url: str, socket_timeout_s: float, connect_timeout_s: float) -> Any:
     options = _pool_options(socket_timeout_s, connect_timeout_s)
-    pool = sync.BlockingConnectionPool.from_url(url, retry=SyncRetry(NoBackoff(), 0), **options)
-    return sync.Redis.from_pool(pool)
+    pool = api.blocking_pool.from_url(url, retry=api.no_retry(), **options)
+    return api.redis.from_pool(pool)
 
 
 class _SentinelMaster(Redis):
@@ -143,79 +148,85 @@ def _sentinel_options(config: StoreConfig, retry: Any) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Api:
+    """The classes of one of redis-py's two APIs (asyncio or blocking): a client is built
+    the same way from either."""
+
+    redis: Any
+    blocking_pool: Any
+    retry: Any
+    sentinel: Any
+    sentinel_master: Any
+    sentinel_pool: Any
+    cluster: Any
+    cluster_node: Any
+
+    def no_retry(self) -> Any:
+        return self.retry(NoBackoff(), 0)
+
+
+_ASYNC = _Api(
+    redis=Redis,
+    blocking_pool=BlockingConnectionPool,
+    retry=Retry,
+    sentinel=async_sentinel.Sentinel,
+    sentinel_master=_SentinelMaster,
+    sentinel_pool=_BlockingSentinelPool,
+    cluster=async_cluster.RedisCluster,
+    cluster_node=async_cluster.ClusterNode,
+)
+_SYNC = _Api(
+    redis=sync.Redis,
+    blocking_pool=sync.BlockingConnectionPool,
+    retry=SyncRetry,
+    sentinel=sync_sentinel.Sentinel,
+    sentinel_master=_SyncSentinelMaster,
+    sentinel_pool=_SyncBlockingSentinelPool,
+    cluster=sync_cluster.RedisCluster,
+    cluster_node=sync_cluster.ClusterNode,
+)
+
+
 def governance_client(config: StoreConfig) -> AsyncClient:
     """The asyncio client of the store `config` names (which must be a Redis one)."""
-    timeouts = (config.socket_timeout_s, config.connect_timeout_s)
-    if config.sentinels is not None:
-        assert config.service_name is not None  # checked at load
-        sentinel = async_sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
-            [parse_address(a) for a in config.sentinels],
-            sentinel_kwargs=_sentinel_options(config, Retry(NoBackoff(), 0)),
-        )
-        client: Redis = sentinel.master_for(
-            config.service_name,
-            redis_class=_SentinelMaster,
-            connection_pool_class=_BlockingSentinelPool,
-            retry=Retry(NoBackoff(), 0),
-            db=config.db,
-            **_server_credentials(config),
-            **_pool_options(*timeouts),
-        )
-        return client
-    if config.cluster_nodes is not None:
-        return async_cluster.RedisCluster(
-            startup_nodes=[
-                async_cluster.ClusterNode(*parse_address(a)) for a in config.cluster_nodes
-            ],
-            retry=Retry(NoBackoff(), 0),
-            max_connections=CLUSTER_MAX_CONNECTIONS,
-            **_server_credentials(config),
-            **_cluster_options(*timeouts),
-        )
-    assert config.redis_url is not None, "no Redis in this store configuration"
-    return redis_client(
-        config.redis_url.get_secret_value(),
-        socket_timeout_s=config.socket_timeout_s,
-        connect_timeout_s=config.connect_timeout_s,
-    )
+    client: AsyncClient = _governance_client(config, _ASYNC)
+    return client
 
 
 def blocking_governance_client(config: StoreConfig) -> BlockingClient:
     """`governance_client`'s blocking twin (a Celery task's own thread uses it)."""
+    client: BlockingClient = _governance_client(config, _SYNC)
+    return client
+
+
+def _governance_client(config: StoreConfig, api: _Api) -> Any:
     timeouts = (config.socket_timeout_s, config.connect_timeout_s)
     if config.sentinels is not None:
-        assert config.service_name is not None
-        sentinel = sync_sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
+        assert config.service_name is not None  # checked at load
+        sentinel = api.sentinel(
             [parse_address(a) for a in config.sentinels],
-            sentinel_kwargs=_sentinel_options(config, SyncRetry(NoBackoff(), 0)),
+            sentinel_kwargs=_sentinel_options(config, api.no_retry()),
         )
-        blocking: sync.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
+        return sentinel.master_for(
             config.service_name,
-            redis_class=_SyncSentinelMaster,
-            connection_pool_class=_SyncBlockingSentinelPool,
-            retry=SyncRetry(NoBackoff(), 0),
+            redis_class=api.sentinel_master,
+            connection_pool_class=api.sentinel_pool,
+            retry=api.no_retry(),
             db=config.db,
             **_server_credentials(config),
             **_pool_options(*timeouts),
         )
-        return blocking
     if config.cluster_nodes is not None:
-        return sync_cluster.RedisCluster(
-            startup_nodes=[
-                sync_cluster.ClusterNode(*parse_address(a))  # type: ignore[no-untyped-call]
-                for a in config.cluster_nodes
-            ],
-            retry=SyncRetry(NoBackoff(), 0),
+        return api.cluster(
+            startup_nodes=[api.cluster_node(*parse_address(a)) for a in config.cluster_nodes],
+            retry=api.no_retry(),
             max_connections=CLUSTER_MAX_CONNECTIONS,
             **_server_credentials(config),
             **_cluster_options(*timeouts),
         )
     assert config.redis_url is not None, "no Redis in this store configuration"
-    return sync_redis_client(
-        config.redis_url.get_secret_value(),
-        socket_timeout_s=config.socket_timeout_s,
-        connect_timeout_s=config.connect_timeout_s,
-    )
+    return _url_client(api, config.redis_url.get_secret_value(), *timeouts)
 
 
 _NODE_KEYS = (

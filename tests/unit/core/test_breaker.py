@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from polygate_celery.config.models import BreakerConfig
 from polygate_celery.core.breaker import (
     BreakerState,
     Effect,
@@ -30,8 +31,12 @@ def open_at(now: float) -> BreakerState:
     return state
 
 
-def test_defaults_match_the_spec() -> None:
-    assert BreakerTerms() == BreakerTerms(failure_threshold=5, cooldown_s=30.0)
+def test_defaults_match_the_configuration() -> None:
+    assert BreakerTerms() == BreakerTerms(failure_threshold=5, cooldown_s=10.0)
+    configured = BreakerConfig()
+    assert BreakerTerms() == BreakerTerms(
+        configured.failure_threshold, configured.cooldown_s, configured.auth_cooldown_s
+    )
     assert BreakerState().mode == "closed"
 
 

@@ -22,14 +22,10 @@ class Closing:
         self.closed.append(self.name)
 
 
-class ClosingStore(MemoryStore, Closing):
+class ClosingStore(Closing, MemoryStore):
     def __init__(self, clock: VirtualClock, closed: list[str]) -> None:
         MemoryStore.__init__(self, clock)
         Closing.__init__(self, closed, "store")
-
-
-class Unclosable:
-    """A source with nothing to close (no `aclose`)."""
 
 
 @pytest.fixture
@@ -41,7 +37,7 @@ def built(monkeypatch: pytest.MonkeyPatch, clock: VirtualClock) -> list[str]:
         return ClosingStore(clock, closed)
 
     def sources_from_config(config: Any) -> dict[str, Any]:
-        return {"a": Closing(closed, "a"), "b": Unclosable(), "c": Closing(closed, "c")}
+        return {"a": Closing(closed, "a"), "b": Closing(closed, "b"), "c": Closing(closed, "c")}
 
     monkeypatch.setattr("polygate_celery.governance.gateway.store_from_config", store_from_config)
     monkeypatch.setattr(
@@ -58,25 +54,28 @@ async def test_a_gateway_closes_the_store_and_the_sources_it_built(
 ) -> None:
     gateway = Gateway(CONFIG, clock=clock)
     await gateway.aclose()
-    assert built == ["store", "a", "c"]  # b has nothing to close
+    assert built == ["store", "a", "b", "c"]
 
 
 async def test_a_gateway_leaves_a_store_and_sources_it_was_given_open(
     built: list[str], clock: VirtualClock
 ) -> None:
     closed: list[str] = []
-    sources = {"a": Closing(closed, "a"), "b": Closing(closed, "b"), "c": Unclosable()}
+    sources = {"a": Closing(closed, "a"), "b": Closing(closed, "b"), "c": Closing(closed, "c")}
     gateway = Gateway(CONFIG, sources, store=ClosingStore(clock, closed), clock=clock)  # type: ignore[arg-type]
     await gateway.aclose()
     assert closed == []
     assert built == []
 
 
-async def test_a_store_with_nothing_to_close_is_left_as_it_is(
-    monkeypatch: pytest.MonkeyPatch, clock: VirtualClock
-) -> None:
-    monkeypatch.setattr(
-        "polygate_celery.governance.gateway.store_from_config", lambda *_, **__: Unclosable()
+async def test_the_adapters_a_configuration_builds_can_all_be_closed() -> None:
+    config = make_config(
+        "chat",
+        {
+            "http": {"base_url": "http://127.0.0.1:9", "model": "m"},
+            "other": {"base_url": "http://127.0.0.1:9", "model": "m"},
+        },
     )
-    gateway = Gateway(CONFIG, {"a": Unclosable(), "b": Unclosable(), "c": Unclosable()})  # type: ignore[dict-item]
-    await gateway.aclose()  # raises nothing
+    gateway = Gateway(config)
+    await gateway.aclose()  # the memory store and the HTTP adapters: nothing held, no error
+    assert isinstance(gateway.store, MemoryStore)
