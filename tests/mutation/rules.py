@@ -70,7 +70,7 @@ MUTATIONS = (
     Mutation(
         "wake-other-process",
         "a release wakes the waiting call it was handed to, in another process",
-        "polygate_celery/store/redis/store.py",
+        "polygate_celery/store/redis/wakeups.py",
         "            self._releases.wake_call(call_id, source)\n",
         "            pass\n",
         ("tests/integration/test_fleet_wakeups.py",),
