@@ -76,27 +76,9 @@ def test_the_exporter_command_serves_until_interrupted(
     path = tmp_path / "polygate.toml"
     path.write_text(config_toml(redis_url, prefix))
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    command = [sys.executable, "-m", "polygate_celery.metrics", "--port", "0"]
-    with subprocess.Popen(
-        [*command, "--addr", "127.0.0.1", "--config", str(path)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as process:
-        try:
-            assert process.stdout is not None
-            url = process.stdout.readline().split()[-1]
-            assert url.startswith("http://127.0.0.1:")
-            text = httpx.get(url, timeout=10).text
-            assert 'polygate_permits_in_use{source="a"} 0.0' in text
-        finally:
-            process.send_signal(signal.SIGINT)
-        try:
-            assert process.wait(60) == 0
-        finally:
-            if process.poll() is None:  # never left waiting on a hung child
-                process.kill()
+    command = [sys.executable, "-m", "polygate_celery.metrics", "--config", str(path)]
+    text = scrape_exporter(command, ROOT, env, signal.SIGINT)
+    assert 'polygate_permits_in_use{source="a"} 0.0' in text
 
 
 def test_the_exporter_command_explains_a_bad_config_in_one_line(tmp_path: Path) -> None:
@@ -130,10 +112,21 @@ def test_the_metrics_command_scrapes_redis_without_the_sources_keys(
         if k not in ("PROMETHEUS_MULTIPROC_DIR", "POLYGATE_CONFIG", "POLYGATE_TEST_UNSET_KEY")
     }
     env["PYTHONPATH"] = str(ROOT)
-    command = [sys.executable, "-m", "polygate_celery", "metrics", "--port", "0"]
+    command = [sys.executable, "-m", "polygate_celery", "metrics"]
+    lines = set(scrape_exporter(command, tmp_path, env, signal.SIGTERM).splitlines())
+    assert "polygate_store_up 1.0" in lines
+    assert 'polygate_permit_cap{source="a"} 3.0' in lines
+    assert 'polygate_breaker_state{source="a"} 0.0' in lines
+
+
+def scrape_exporter(
+    command: list[str], cwd: Path, env: dict[str, str], stop: signal.Signals
+) -> str:
+    """Start the exporter `command` on a free local port, scrape it once, stop it with
+    `stop` and require a clean exit (0); the scraped text."""
     with subprocess.Popen(
-        [*command, "--addr", "127.0.0.1"],
-        cwd=tmp_path,
+        [*command, "--port", "0", "--addr", "127.0.0.1"],
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -143,14 +136,11 @@ def test_the_metrics_command_scrapes_redis_without_the_sources_keys(
             url = process.stdout.readline().split()[-1]
             assert url.startswith("http://127.0.0.1:")
             text = httpx.get(url, timeout=10).text
-            lines = set(text.splitlines())
-            assert "polygate_store_up 1.0" in lines
-            assert 'polygate_permit_cap{source="a"} 3.0' in lines
-            assert 'polygate_breaker_state{source="a"} 0.0' in lines
         finally:
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(stop)
         try:
             assert process.wait(60) == 0
         finally:
-            if process.poll() is None:
+            if process.poll() is None:  # never left waiting on a hung child
                 process.kill()
+    return text
