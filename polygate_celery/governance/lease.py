@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from types import TracebackType
 
+from polygate_celery.blocks import EndsWithBlock
 from polygate_celery.clock import Clock, within
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import GovernanceBackendError
@@ -37,7 +37,7 @@ logger = logging.getLogger("polygate_celery")
 
 
 @dataclass(eq=False, slots=True)
-class Lease:
+class Lease(EndsWithBlock):
     """One attempt's lease, registered with the renewer while the attempt runs."""
 
     source: SourceTerms
@@ -51,15 +51,7 @@ class Lease:
     lapsed: str | None = field(default=None)  # why the lease is gone; the attempt runs on
     renewer: LeaseRenewer | None = field(default=None, repr=False)
 
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _block_ended(self, exc_type: type[BaseException] | None) -> None:
         assert self.renewer is not None
         self.renewer.release(self)
         if (

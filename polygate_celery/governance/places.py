@@ -19,8 +19,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 
+from polygate_celery.blocks import EndsWithBlock
 from polygate_celery.clock import Clock, within
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.base import Store
@@ -29,7 +29,7 @@ logger = logging.getLogger("polygate_celery")
 
 
 @dataclass(eq=False, slots=True)
-class Place:
+class Place(EndsWithBlock):
     """One waiting call's places (one per candidate), kept while the call waits."""
 
     sources: tuple[SourceTerms, ...]
@@ -48,15 +48,7 @@ class Place:
             for task in waits:
                 task.cancel()
 
-    def __enter__(self) -> Place:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _block_ended(self, exc_type: type[BaseException] | None) -> None:
         assert self.keeper is not None
         self.keeper.leave(self)
 
