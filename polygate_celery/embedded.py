@@ -19,7 +19,8 @@ import tempfile
 import time
 from importlib import import_module
 from pathlib import Path
-from types import TracebackType
+
+from polygate_celery.blocks import EndsWithBlock
 
 
 class NoRedisServer(RuntimeError):
@@ -76,7 +77,7 @@ def answers(url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-class EmbeddedRedis:
+class EmbeddedRedis(EndsWithBlock):
     """A private server on a free port of 127.0.0.1, removed with its data on exit.
 
     `persistent` turns on AOF with ``appendfsync always`` (data survives a
@@ -174,10 +175,5 @@ class EmbeddedRedis:
             self.close()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _block_ended(self, exc_type: type[BaseException] | None) -> None:
         self.close()

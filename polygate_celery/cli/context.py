@@ -11,8 +11,9 @@ store, after checking it answers.
 from __future__ import annotations
 
 import argparse
+import math
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
@@ -35,6 +36,22 @@ def add_config_option(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"configuration file (default: ${CONFIG_PATH_ENV}, else ./{DEFAULT_CONFIG_FILE})",
     )
+
+
+def seconds_argument(error: str, *, at_least: float = 0.0) -> Callable[[str], float]:
+    """An argument's type: a finite number of seconds above zero and at least `at_least`;
+    `error` is what a number out of range is told."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not (math.isfinite(value) and value > 0 and value >= at_least):
+            raise argparse.ArgumentTypeError(error)
+        return value
+
+    return seconds
 
 
 def config_file(path: str | None) -> str | None:

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 
-from polygate_celery.cli.context import add_config_option, known, load, shared_store
+from polygate_celery.cli.context import (
+    add_config_option,
+    known,
+    load,
+    seconds_argument,
+    shared_store,
+)
 from polygate_celery.cli.errors import Commands
 from polygate_celery.cli.tables import duration
 from polygate_celery.config.gateway import GatewayConfig
@@ -41,14 +46,7 @@ def add_command(commands: Commands) -> None:
         action.set_defaults(run=run)
 
 
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError("SECONDS must be a positive number")
-    return seconds
+_seconds = seconds_argument("SECONDS must be a positive number")
 
 
 def run(args: argparse.Namespace) -> int:

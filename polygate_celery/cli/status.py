@@ -14,7 +14,14 @@ import sys
 import time
 from asyncio import sleep
 
-from polygate_celery.cli.context import add_config_option, known, load, shared_store, store_address
+from polygate_celery.cli.context import (
+    add_config_option,
+    known,
+    load,
+    seconds_argument,
+    shared_store,
+    store_address,
+)
 from polygate_celery.cli.errors import Commands
 from polygate_celery.cli.status_report import (
     ScopeReading,
@@ -56,14 +63,7 @@ def add_command(commands: Commands) -> None:
     parser.set_defaults(run=run)
 
 
-def _interval(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(seconds) and seconds >= 0.1):
-        raise argparse.ArgumentTypeError("the interval must be at least 0.1 s")
-    return seconds
+_interval = seconds_argument("the interval must be at least 0.1 s", at_least=0.1)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,18 +6,16 @@ from typing import Any, Self
 
 from pydantic import Field, model_validator
 
-from polygate_celery.config.fields import _Strict
+from polygate_celery.config.fields import Name, _Strict, deep_merge
 from polygate_celery.config.models import (
     DeferralConfig,
-    Name,
     QuotaConfig,
     ScopeConfig,
     ScopeSettings,
     SourceConfig,
     SourceSettings,
-    StoreConfig,
-    deep_merge,
 )
+from polygate_celery.config.store import StoreConfig
 from polygate_celery.errors import ConfigError
 
 # A governed task's stall window when the configuration leaves it unset (SPEC §3 rule 16):

@@ -17,34 +17,23 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from polygate_celery.config.gateway import GatewayConfig
-from polygate_celery.config.models import (
-    AimdConfig,
-    BreakerConfig,
-    DeferralConfig,
-    QuotaConfig,
-    ScopeConfig,
-    ScopeSettings,
-    SourceConfig,
-    SourceSettings,
-    StoreConfig,
-)
+from polygate_celery import config
 
 TABLES: list[tuple[str, type[BaseModel], set[str]]] = [
     (
         "top level",
-        GatewayConfig,
+        config.GatewayConfig,
         {"store", "deferral", "source_defaults", "scope_defaults", "sources", "quotas", "scopes"},
     ),
-    ("[store]", StoreConfig, set()),
-    ("[deferral]", DeferralConfig, set()),
-    ("[sources.NAME] (and [source_defaults])", SourceSettings, {"breaker", "aimd"}),
-    ("[sources.NAME] only", SourceConfig, set(SourceSettings.model_fields)),
-    ("[sources.NAME.breaker]", BreakerConfig, set()),
-    ("[sources.NAME.aimd]", AimdConfig, set()),
-    ("[quotas.NAME]", QuotaConfig, set()),
-    ("[scopes.NAME] (and [scope_defaults])", ScopeSettings, set()),
-    ("[scopes.NAME] only", ScopeConfig, set(ScopeSettings.model_fields)),
+    ("[store]", config.StoreConfig, set()),
+    ("[deferral]", config.DeferralConfig, set()),
+    ("[sources.NAME] (and [source_defaults])", config.SourceSettings, {"breaker", "aimd"}),
+    ("[sources.NAME] only", config.SourceConfig, set(config.SourceSettings.model_fields)),
+    ("[sources.NAME.breaker]", config.BreakerConfig, set()),
+    ("[sources.NAME.aimd]", config.AimdConfig, set()),
+    ("[quotas.NAME]", config.QuotaConfig, set()),
+    ("[scopes.NAME] (and [scope_defaults])", config.ScopeSettings, set()),
+    ("[scopes.NAME] only", config.ScopeConfig, set(config.ScopeSettings.model_fields)),
 ]
 
 
@@ -158,7 +147,7 @@ def page() -> str:
             doc = (model.__doc__ or "").strip().split("\n\n")[0]
             heading = "Settings at the top of the file" if title == "top level" else f"`{title}`"
             lines += [f"### {heading}", ""]
-            if doc and model is not GatewayConfig:
+            if doc and model is not config.GatewayConfig:
                 lines += [" ".join(doc.split()), ""]
             lines += [*_table(model, skip), ""]
     if tables:  # a table added to TABLES without a section would vanish from the page

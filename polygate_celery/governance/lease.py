@@ -26,18 +26,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from types import TracebackType
 
+from polygate_celery.blocks import EndsWithBlock
 from polygate_celery.clock import Clock, within
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import GovernanceBackendError
+from polygate_celery.governance.renewal import BatchRenewer
 from polygate_celery.store.base import Grant, Store
 
 logger = logging.getLogger("polygate_celery")
 
 
 @dataclass(eq=False, slots=True)
-class Lease:
+class Lease(EndsWithBlock):
     """One attempt's lease, registered with the renewer while the attempt runs."""
 
     source: SourceTerms
@@ -51,15 +52,7 @@ class Lease:
     lapsed: str | None = field(default=None)  # why the lease is gone; the attempt runs on
     renewer: LeaseRenewer | None = field(default=None, repr=False)
 
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _block_ended(self, exc_type: type[BaseException] | None) -> None:
         assert self.renewer is not None
         self.renewer.release(self)
         if (
@@ -70,16 +63,12 @@ class Lease:
             raise GovernanceBackendError(f"attempt at {self.source.name!r} stopped: {self.lost}")
 
 
-class LeaseRenewer:
+class LeaseRenewer(BatchRenewer):
     """Renews the leases of one gateway's running attempts; see the module docstring."""
 
     def __init__(self, store: Store, clock: Clock) -> None:
-        self._store = store
-        self._clock = clock
+        super().__init__(store, clock)
         self._leases: dict[str, Lease] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._every_s = 0.0  # a third of the latest first lease's length
 
     def hold(self, source: SourceTerms, grant: Grant, asked_at: float) -> Lease:
@@ -109,10 +98,7 @@ class LeaseRenewer:
             renewer=self,
         )
         self._leases[grant.permit_id] = lease
-        loop = asyncio.get_running_loop()
-        if self._task is None or self._task.done() or self._loop is not loop:
-            self._loop, self._wake = loop, asyncio.Event()
-            self._task = loop.create_task(self._run())
+        self._ensure_running()
         if len(self._leases) == 1:
             self._every_s = grant.lease_s / 3
             self._wake.set()  # the renewer waits for a first lease; with others, it runs
@@ -120,11 +106,6 @@ class LeaseRenewer:
 
     def release(self, lease: Lease) -> None:
         self._leases.pop(lease.permit_id, None)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task})
 
     async def _run(self) -> None:
         while True:

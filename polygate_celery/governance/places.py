@@ -15,21 +15,21 @@ closed (the admission then says why, and the call polls as usual).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 
+from polygate_celery.blocks import EndsWithBlock
 from polygate_celery.clock import Clock, within
 from polygate_celery.core.terms import SourceTerms
+from polygate_celery.governance.renewal import BatchRenewer
 from polygate_celery.store.base import Store
 
 logger = logging.getLogger("polygate_celery")
 
 
 @dataclass(eq=False, slots=True)
-class Place:
+class Place(EndsWithBlock):
     """One waiting call's places (one per candidate), kept while the call waits."""
 
     sources: tuple[SourceTerms, ...]
@@ -48,29 +48,17 @@ class Place:
             for task in waits:
                 task.cancel()
 
-    def __enter__(self) -> Place:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _block_ended(self, exc_type: type[BaseException] | None) -> None:
         assert self.keeper is not None
         self.keeper.leave(self)
 
 
-class PlaceKeeper:
+class PlaceKeeper(BatchRenewer):
     """Renews the claims of one gateway's waiting calls; see the module docstring."""
 
     def __init__(self, store: Store, clock: Clock) -> None:
-        self._store = store
-        self._clock = clock
+        super().__init__(store, clock)
         self._places: dict[str, Place] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def hold(self, sources: Sequence[SourceTerms], call_id: str, claim_s: float) -> Place:
         """Keep the places the call `call_id` was just given (its admission was refused for
@@ -78,22 +66,13 @@ class PlaceKeeper:
         place = Place(tuple(sources), call_id, claim_s, self._clock.now() + claim_s)
         place.keeper = self
         self._places[call_id] = place
-        loop = asyncio.get_running_loop()
-        if self._task is None or self._task.done() or self._loop is not loop:
-            self._loop, self._wake = loop, asyncio.Event()
-            self._task = loop.create_task(self._run())
+        self._ensure_running()
         self._wake.set()
         return place
 
     def leave(self, place: Place) -> None:
         if self._places.get(place.call_id) is place:
             del self._places[place.call_id]
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         while True:

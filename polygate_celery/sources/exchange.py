@@ -4,9 +4,9 @@ An adapter says how a request reaches the provider (`_open`: an OpenAI-style
 body in, an answer out whose body is not read yet) and how its HTTP library
 reports a broken connection (`_failure`). Everything else is here, once:
 deadlines, reading within `max_body_bytes` and decoding within a budget
-(`polygate_celery.sources.decode`), assembling a stream, classifying
-the answer, naming what went wrong, and the provider's rate-limit headers on
-every outcome built from an answer.
+(`polygate_celery.sources.decode`), classifying the answer, naming what went
+wrong, and the provider's rate-limit headers on every outcome built from an
+answer. Reading a stream is in `polygate_celery.sources.streamed`.
 
 Deadlines: `timeout_s` bounds the whole attempt, headers included (with a
 quarter-second grace at most, so that an answer sent at the deadline, such as
@@ -27,28 +27,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal, TypedDict, Unpack
 
-from polygate_celery.core.outcome import Outcome, RateLimits
+from polygate_celery.core.outcome import Outcome
 from polygate_celery.sources import answers
 from polygate_celery.sources.answers import MalformedAnswer
-from polygate_celery.sources.body import Answer, BodyTooLarge, LineTooLong, read_text, sse_lines
+from polygate_celery.sources.body import Answer, BodyTooLarge, read_text
 from polygate_celery.sources.classify import STATUS_ONLY, classify_error, rate_limits, short
 from polygate_celery.sources.connection import Failure
 from polygate_celery.sources.decode import (
-    STEP,
     Budget,
     Undecodable,
     budget_for,
-    check_charset,
     discard,
-    loads,
     read_json,
 )
 from polygate_celery.sources.payloads import (
@@ -58,7 +53,7 @@ from polygate_celery.sources.payloads import (
     OcrRequest,
     OcrResult,
 )
-from polygate_celery.sources.stream import DONE, MalformedChunk, StreamAssembly, data_of
+from polygate_celery.sources.streamed import Attempt, StreamLimits, cut, read_stream
 
 DEFAULT_OCR_PROMPT = "Transcribe all the text in this image, exactly as written."
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -77,20 +72,6 @@ class Unsendable(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.reason)
         self.outcome = outcome
-
-
-@dataclass
-class _Attempt:
-    """What one attempt got as far as: an answer's headers, and stream chunks."""
-
-    streamed: bool
-    answered: bool = False
-    chunks: int = 0
-    limits: RateLimits | None = None
-
-    def answer(self, answer: Answer) -> None:
-        self.answered = True
-        self.limits = rate_limits(answer.headers)
 
 
 class Settings(TypedDict, total=False):
@@ -169,7 +150,7 @@ class OpenAIStyleSource(ABC):
         allowed = timeout_s + min(TIE_GRACE_S, 0.05 * timeout_s)  # an answer sent at the deadline
         deadline = loop.time() + allowed
         streamed = self._streams(payload)
-        attempt = _Attempt(streamed)
+        attempt = Attempt(streamed)
         try:
             if streamed:
                 ttft_s = self.ttft_timeout_s if first_token_limit else None
@@ -189,7 +170,7 @@ class OpenAIStyleSource(ABC):
             outcome = self._broken(exc, attempt, timeout_s)
         return outcome if attempt.limits is None else replace(outcome, limits=attempt.limits)
 
-    def _broken(self, exc: Exception, attempt: _Attempt, timeout_s: float) -> Outcome:
+    def _broken(self, exc: Exception, attempt: Attempt, timeout_s: float) -> Outcome:
         """Name what happened to a connection, by how far the attempt had got."""
         failure = self._failure(exc)
         if failure is None:
@@ -204,9 +185,9 @@ class OpenAIStyleSource(ABC):
             if failure is Failure.CLOSED:
                 return Outcome.transient("connection closed before any answer byte")
             return Outcome.transient(failure.value)
-        return Outcome.transient(_cut(attempt))
+        return Outcome.transient(cut(attempt))
 
-    async def _dispatch(self, payload: Any, timeout_s: float, attempt: _Attempt) -> Outcome:
+    async def _dispatch(self, payload: Any, timeout_s: float, attempt: Attempt) -> Outcome:
         if isinstance(payload, ChatRequest):
             return await self._chat(payload, timeout_s, attempt)
         if isinstance(payload, EmbeddingRequest):
@@ -223,11 +204,11 @@ class OpenAIStyleSource(ABC):
             return await self._ocr(payload, timeout_s, attempt)
         return Outcome.fatal(f"this source cannot take a {type(payload).__name__}")
 
-    async def _chat(self, request: ChatRequest, timeout_s: float, attempt: _Attempt) -> Outcome:
+    async def _chat(self, request: ChatRequest, timeout_s: float, attempt: Attempt) -> Outcome:
         body = {"model": self.model, "messages": list(request.messages), **request.params}
         return await self._call("chat", body, timeout_s, attempt, answers.completion)
 
-    async def _ocr(self, request: OcrRequest, timeout_s: float, attempt: _Attempt) -> Outcome:
+    async def _ocr(self, request: OcrRequest, timeout_s: float, attempt: Attempt) -> Outcome:
         if self.ocr_endpoint is None:
             content = [
                 {"type": "text", "text": request.prompt or self.ocr_prompt},
@@ -248,13 +229,13 @@ class OpenAIStyleSource(ABC):
         route: Route,
         body: dict[str, Any],
         timeout_s: float,
-        attempt: _Attempt,
+        attempt: Attempt,
         read: Reader,
     ) -> Outcome:
         async with self._open(route, body, timeout_s) as answer:
             return await self._whole(answer, attempt, read)
 
-    async def _whole(self, answer: Answer, attempt: _Attempt, read: Reader) -> Outcome:
+    async def _whole(self, answer: Answer, attempt: Attempt, read: Reader) -> Outcome:
         """Classify an answer read whole: an error, or a 2xx body `read` understands.
 
         A 2xx body is decoded as it arrives, within its budget
@@ -292,10 +273,8 @@ class OpenAIStyleSource(ABC):
         excerpt = f"{outcome.reason}{BODY_MARK}{short(body, self._secrets)}"
         return replace(outcome, reason=excerpt)
 
-    # -- streams --------------------------------------------------------------------
-
     async def _stream_chat(
-        self, request: ChatRequest, deadline: float, attempt: _Attempt, ttft_s: float | None
+        self, request: ChatRequest, deadline: float, attempt: Attempt, ttft_s: float | None
     ) -> Outcome:
         body: dict[str, Any] = {
             "model": self.model,
@@ -305,103 +284,18 @@ class OpenAIStyleSource(ABC):
         }
         if self.stream_usage:
             body["stream_options"] = {"include_usage": True}
-        loop = asyncio.get_running_loop()
-        first_by = loop.time() + ttft_s if ttft_s else math.inf
-        assembly = StreamAssembly(want_usage=self.stream_usage)
-        phase = "first token"
-        status: int | None = None  # the stream's own (2xx): a malformed one is no 5xx
-        try:
-            async with (
-                asyncio.timeout_at(min(deadline, first_by)) as limit,
-                self._open("chat", body, deadline - loop.time()) as answer,
-            ):
-                streamed = answer.status_code // 100 == 2 and "application/json" not in (
-                    answer.headers.get("content-type", "")
-                )
-                if not streamed:  # an error, or a plain completion
-                    attempt.streamed = False
-                    return await self._whole(answer, attempt, answers.completion)
-                attempt.answer(answer)
-                status = answer.status_code
-                check_charset(answer.headers)
-                lines = sse_lines(answer, self.max_body_bytes)
-                async with contextlib.aclosing(lines):
-                    async for line in lines:
-                        data = data_of(line)
-                        if data is None:
-                            continue  # a keep-alive comment is not progress
-                        await self._take(assembly, data)
-                        attempt.chunks += 1
-                        if assembly.error is not None or assembly.done:
-                            break
-                        if assembly.whole:
-                            phase = "usage"
-                            limit.reschedule(min(deadline, loop.time() + USAGE_GRACE_S))
-                        elif assembly.first_token:
-                            phase = "idle"
-                            limit.reschedule(
-                                min(deadline, loop.time() + self.stream_idle_timeout_s)
-                            )
-        except TimeoutError:
-            if assembly.whole:
-                return assembly.outcome()
-            if phase == "first token" and loop.time() < deadline:
-                return Outcome.timeout("no first token within ttft_timeout_s", first_token_cut=True)
-            if phase == "idle" and loop.time() < deadline:
-                return Outcome.timeout("stream went idle")
-            return Outcome.timeout("no complete answer within the attempt's deadline")
-        except (MalformedChunk, LineTooLong, Undecodable, UnicodeDecodeError) as exc:
-            if assembly.whole:
-                return assembly.outcome()
-            return Outcome.transient(f"malformed stream: {_why(exc)}", status=status)
-        except Exception:
-            if assembly.whole:
-                return assembly.outcome()
-            raise
-        if assembly.whole:
-            return assembly.outcome()
-        if assembly.error is not None:
-            message = assembly.error.get("message")
-            said = short(str(message), self._secrets) if message else "error in stream"
-            return Outcome.transient(said)
-        return Outcome.transient(_cut(attempt))
-
-    async def _take(self, assembly: StreamAssembly, data: str) -> None:
-        """Give a `data:` line to the assembly, its JSON decoded within the answer's budget."""
-        if data == DONE:
-            assembly.sentinel()
-            return
-        try:
-            chunk = await loads(data, budget_for(self.max_body_bytes))
-        except Undecodable as exc:
-            if exc.why == "not JSON":
-                raise MalformedChunk("a chunk that is not JSON") from None
-            raise
-        try:
-            assembly.take_data(chunk)
-        finally:
-            if len(data) > STEP:  # a chunk this large may hold millions of objects
-                box = [chunk]
-                del chunk
-                await discard(box, keep_shared=True)
+        limits = StreamLimits(
+            self.stream_usage, self.stream_idle_timeout_s, self.max_body_bytes, self._secrets
+        )
+        return await read_stream(
+            lambda timeout_s: self._open("chat", body, timeout_s),
+            lambda answer: self._whole(answer, attempt, answers.completion),
+            attempt,
+            deadline,
+            ttft_s,
+            limits,
+        )
 
 
 def _malformed(exc: Undecodable) -> Outcome:
     return Outcome.transient(f"malformed answer: {exc.why}", status=200)
-
-
-def _why(exc: Exception) -> str:
-    if isinstance(exc, Undecodable):
-        return exc.why
-    if isinstance(exc, UnicodeDecodeError):
-        return "not valid UTF-8"
-    return str(exc)
-
-
-def _cut(attempt: _Attempt) -> str:
-    """What a connection that ended after the answer began cut short."""
-    if not attempt.streamed:
-        return "connection closed mid-answer"
-    if attempt.chunks:
-        return "stream cut before its final chunk"
-    return "stream closed before its first chunk"

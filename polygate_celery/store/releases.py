@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from types import TracebackType
-from typing import Self
+
+from polygate_celery.blocks import EndsWithBlock
 
 
 class ReleaseHub:
@@ -88,7 +88,7 @@ class ReleaseHub:
                     del self._anonymous[name]
 
 
-class Watch:
+class Watch(EndsWithBlock):
     """One caller's watch; see `Store.watch_releases`."""
 
     def __init__(self, hub: ReleaseHub, sources: tuple[str, ...], call_id: str = "") -> None:
@@ -110,15 +110,7 @@ class Watch:
         await self._event.wait()
         self._used = True
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _block_ended(self, exc_type: type[BaseException] | None) -> None:
         self._hub._remove(self)
         if self.woken_by is not None and not self._used and not self._handed:
             self._hub.released(self.woken_by)  # hand the unused wake-up on

@@ -37,7 +37,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry as SyncRetry
 
-from polygate_celery.config.models import StoreConfig, parse_address
+from polygate_celery.config.store import StoreConfig, parse_address
 
 MAX_CONNECTIONS = 64  # per store (one per worker process); more operations wait for one
 # A cluster client's pools cannot make an operation wait: past this many at once on one

@@ -128,19 +128,16 @@ def usage(prompt: Prompt) -> dict[str, int]:
     }
 
 
+def _envelope(kind: str, answer_id: str, model: str, created: int) -> dict[str, Any]:
+    """What every chat answer and chunk opens with."""
+    return {"id": answer_id, "object": kind, "created": created, "model": model}
+
+
 def chat_completion(answer_id: str, model: str, created: int, prompt: Prompt) -> dict[str, Any]:
+    message = {"role": "assistant", "content": prompt.answer}
     return {
-        "id": answer_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": prompt.answer},
-                "finish_reason": prompt.finish_reason,
-            }
-        ],
+        **_envelope("chat.completion", answer_id, model, created),
+        "choices": [{"index": 0, "message": message, "finish_reason": prompt.finish_reason}],
         "usage": usage(prompt),
     }
 
@@ -153,20 +150,14 @@ def chunk(
     finish_reason: str | None = None,
 ) -> dict[str, Any]:
     return {
-        "id": answer_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
+        **_envelope("chat.completion.chunk", answer_id, model, created),
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
     }
 
 
 def usage_chunk(answer_id: str, model: str, created: int, prompt: Prompt) -> dict[str, Any]:
     return {
-        "id": answer_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
+        **_envelope("chat.completion.chunk", answer_id, model, created),
         "choices": [],
         "usage": usage(prompt),
     }

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Mapping
 from types import TracebackType
 
+from polygate_celery.blocks import EndsWithBlock
 from polygate_celery.testing.simulator.admission import Admission
 from polygate_celery.testing.simulator.behaviour import ModelBehaviour
 from polygate_celery.testing.simulator.journal import JournalEntry
@@ -22,7 +23,7 @@ _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 10.0
 
 
-class SimulatedProvider:
+class SimulatedProvider(EndsWithBlock):
     """A real OpenAI-compatible HTTP server (on 127.0.0.1 by default), for the models given.
 
     Use it as a context manager (``with`` or ``async with``)::
@@ -141,12 +142,7 @@ class SimulatedProvider:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _block_ended(self, exc_type: type[BaseException] | None) -> None:
         self.stop()
 
     async def __aenter__(self) -> SimulatedProvider:
