@@ -78,9 +78,9 @@ MUTATIONS = (
     Mutation(
         "queued-keeps-place",
         "a call queued at every candidate waits there, refused once, not at each poll",
-        "polygate_celery/governance/loop.py",
-        "        return (\n            self.plan.claim_s > 0\n",
-        "        return False and (\n            self.plan.claim_s > 0\n",
+        "polygate_celery/core/engine/rounds.py",
+        "    return (\n        state.rules.claim_s > 0\n",
+        "    return False and (\n        state.rules.claim_s > 0\n",
         (
             "tests/unit/governance/test_waits_and_verdicts.py",
             "tests/integration/test_fleet_wakeups.py",
@@ -124,17 +124,17 @@ MUTATIONS = (
     Mutation(
         "stall-verdict",
         "a call whose stall budget is spent while its scope made no progress ends stalled",
-        "polygate_celery/governance/loop.py",
-        "        if is_stalled(stalled_s, progress_age_s, window):\n",
-        "        if False:\n",
+        "polygate_celery/core/engine/rounds.py",
+        "    return is_stalled(state.checked_stalled_s, event.age_s, state.rules.stall_window_s)\n",
+        "    return False\n",
         ("tests/unit/governance/test_stall_budget.py",),
     ),
     Mutation(
         "outage-is-waiting",
         "failures while no call of the scope succeeds spend the stall budget (rule 15)",
-        "polygate_celery/governance/loop.py",
-        "                await self._raise_if_stalled()  # an outage is waiting (rule 15)\n",
-        "                pass\n",
+        "polygate_celery/core/engine/attempts.py",
+        '        step = check_stall(state, now, "backoff_stall")  # an outage is waiting (rule 15)\n',
+        "        step = None\n",
         ("tests/unit/governance/test_outage_is_waiting.py",),
     ),
     Mutation(
@@ -150,9 +150,9 @@ MUTATIONS = (
         "direct-caller-open-breaker",
         "a direct call's failure that finds its source's breaker open is waiting (rule 15 "
         "as amended)",
-        "polygate_celery/governance/loop.py",
-        '        return snapshot.breaker != "closed"\n',
-        "        return False\n",
+        "polygate_celery/core/engine/attempts.py",
+        '    down = event.state != "closed"\n',
+        "    down = False\n",
         ("tests/unit/governance/test_direct_caller.py",),
     ),
     Mutation(
