@@ -46,6 +46,7 @@ def source_terms(config: GatewayConfig, name: str) -> SourceTerms:
 # a governed Celery "task" defers (parks) when its call ends `stalled`, so waiting is cheap.
 CallerKind = Literal["direct", "task"]
 
+
 def outage_charge(outage_is_waiting: bool | None, caller: CallerKind) -> OutageCharge:
     """The scope's `outage_is_waiting` as set, else by caller (rule 15 as amended):
     waiting is the default only where it is cheap, in a task that parks. A direct call

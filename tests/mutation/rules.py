@@ -133,7 +133,8 @@ MUTATIONS = (
         "outage-is-waiting",
         "failures while no call of the scope succeeds spend the stall budget (rule 15)",
         "polygate_celery/core/engine/attempts.py",
-        '        step = check_stall(state, now, "backoff_stall")  # an outage is waiting (rule 15)\n',
+        '        step = check_stall(state, now, "backoff_stall")'
+        "  # an outage is waiting (rule 15)\n",
         "        step = None\n",
         ("tests/unit/governance/test_outage_is_waiting.py",),
     ),
