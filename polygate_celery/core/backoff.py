@@ -8,6 +8,15 @@ def jitter(u: float) -> float:
     return 0.5 + 0.5 * u
 
 
+def backoff_ceiling(n: int, base_s: float, max_s: float) -> float:
+    """The backoff after the ``n``-th failure before its jitter: ``min(max_s, base_s *
+    2**(n-1))``; ``n`` below 1 counts as 1."""
+    n = max(n, 1)
+    # Cap the exponent before computing it: 2**n overflows a float past ~1024.
+    exponent = min(n - 1, 64)
+    return min(max_s, base_s * 2.0**exponent)
+
+
 def backoff_delay(n: int, base_s: float, max_s: float, u: float) -> float:
     """Delay before the next attempt after the ``n``-th failure (SPEC §3 rule 4).
 
@@ -15,7 +24,4 @@ def backoff_delay(n: int, base_s: float, max_s: float, u: float) -> float:
     uniform draw; with ``u = 0`` the factor is 0.5. ``n`` below 1 counts as 1, so
     a 429 that did not burn the retry budget stays at the base tier.
     """
-    n = max(n, 1)
-    # Cap the exponent before computing it: 2**n overflows a float past ~1024.
-    exponent = min(n - 1, 64)
-    return min(max_s, base_s * 2.0**exponent) * jitter(u)
+    return backoff_ceiling(n, base_s, max_s) * jitter(u)

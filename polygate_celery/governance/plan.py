@@ -9,6 +9,7 @@ from typing import Literal
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
 from polygate_celery.config.urls import origin_of
+from polygate_celery.core.engine import OutageCharge
 from polygate_celery.core.policy import KindPolicy, policy_for
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 
@@ -44,11 +45,6 @@ def source_terms(config: GatewayConfig, name: str) -> SourceTerms:
 # Who makes a gateway's calls: a "direct" caller awaits `Gateway.call` and cannot park;
 # a governed Celery "task" defers (parks) when its call ends `stalled`, so waiting is cheap.
 CallerKind = Literal["direct", "task"]
-# Where a transient failure goes when the scope made no progress since the call's
-# previous failure, so nothing tells it from an outage (SPEC §3 rule 15): to waiting;
-# to waiting only while its source's breaker is open (fleet-wide evidence); or to the
-# retry budget.
-OutageCharge = Literal["waiting", "waiting_if_breaker_open", "retry_budget"]
 
 
 def outage_charge(outage_is_waiting: bool | None, caller: CallerKind) -> OutageCharge:

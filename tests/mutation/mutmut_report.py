@@ -205,14 +205,9 @@ NOT_REACHED = "no tests"
 # every module of core/, the lease renewer, and the governance loop's stall rules. The
 # execution guard runs only in a worker; its rules are broken by name in mutations.md.
 MUST_DIE_MODULES = ("polygate_celery.core.", "polygate_celery.governance.lease")
-STALL_RULES = (
-    "polygate_celery.governance.loop.xǁGovernedCallǁ_raise_if_stalled",
-    "polygate_celery.governance.loop.xǁGovernedCallǁ_scope_is_down",
-    "polygate_celery.governance.loop.xǁGovernedCallǁ_on_no_runnable",
-    "polygate_celery.governance.loop.xǁGovernedCallǁ_wait",
-    "polygate_celery.governance.loop.xǁGovernedCallǁ_retry_after_s",
-    "polygate_celery.governance.loop.xǁGovernedCallǁ_exhausted",
-)
+# The stall rules themselves (the checks, rule 15's charging, the waits after a refusal,
+# the reopening estimate) are the engine's, in core/ above; the driver's wait remains.
+STALL_RULES = ("polygate_celery.governance.loop.xǁGovernedCallǁ_wait",)
 
 
 def must_die(name: str) -> bool:

@@ -61,7 +61,7 @@ def test_every_call_ends_by_max_call_s(scenario: Scenario) -> None:
 @PROPERTY
 @given(scenarios(waiting=True))
 def test_stalled_verdict_is_at_most_one_non_budget_step_late(scenario: Scenario) -> None:
-    """The bound derived in `polygate_celery.governance.loop`'s docstring."""
+    """The bound derived in `polygate_celery.core.engine.rules`' docstring."""
     run = run_scenario(scenario)
     due = first_due(run)
     event(f"exempt={run.exempt} due={due is not None} verdict={run.verdict}")

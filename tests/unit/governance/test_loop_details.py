@@ -19,6 +19,7 @@ from polygate_celery import (
     SourceFatalError,
     Store,
 )
+from polygate_celery.core.engine import same_source_worth_retrying
 from polygate_celery.governance import loop
 from polygate_celery.sources.payloads import ChatRequest, EmbeddingRequest, OcrRequest
 from polygate_celery.telemetry import AttemptEvent, SourceAlertEvent, VerdictEvent, WaitEvent
@@ -225,7 +226,7 @@ def test_which_failures_are_worth_a_second_try_at_the_same_source(
 ) -> None:
     """A 5xx, 408, 409 or no answer at all: often gone on the next try. A timeout (a silent
     route) or another status moves on to the next source."""
-    assert loop._same_source_worth_retrying(outcome) is same_source
+    assert same_source_worth_retrying(outcome) is same_source
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,181 @@
+"""Decision core: what the engine asks a driver to do (actions) and what it hears back (events).
+
+Actions are plain frozen records; a driver carries each out against the store,
+the source and the clock, and answers with the event named in its docstring.
+The verdicts (`Return`, `GiveUp`, `Fail`) end the call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from polygate_celery.core.breaker import Effect
+from polygate_celery.core.outcome import AttemptRecord, Outcome
+
+WaitCause = Literal["no_runnable", "backoff"]
+
+# -- actions -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AskProgress:
+    """Ask the store for the scope's progress age (its clock); answer `ProgressAge`."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskBreaker:
+    """Ask the store for `source`'s breaker state; answer `BreakerState`."""
+
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Ask for a permit at the first runnable source of `order` (best first), watching
+    for releases from before the ask; answer `Granted` or `Refused`."""
+
+    order: tuple[str, ...]
+    claim_s: float
+    queued: bool
+    booked: bool
+    book_within_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send the payload to `source` under its permit (asked for at `asked_at`), cut to
+    `timeout_s`; a slow first token may be cut only if a source outside `excluded`
+    could serve (rule 17). Answer `Sent`."""
+
+    source: str
+    timeout_s: float
+    asked_at: float
+    excluded: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Record the attempt's end at the store and give its permit back; answer `Settled`.
+    A success whose recording fails is kept (rule 14)."""
+
+    outcome: Outcome
+    effect: Effect
+    congested: bool
+    pause_s: float | None
+    used_tokens: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A line of the call's trail, for telemetry; answer `Done`."""
+
+    record: AttemptRecord
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Sleep `seconds` (times the jitter of one uniform draw when `jittered`), cut to
+    `cap_s`; no sleep at all when that leaves nothing. A `no_runnable` wait also ends
+    when a permit is released; with `queue`, the call keeps its places in the
+    candidates' queues meanwhile and the wait ends if they are lost. Answer `Waited`."""
+
+    cause: WaitCause
+    seconds: float
+    jittered: bool
+    cap_s: float
+    queue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """Verdict: the call succeeded at `source`."""
+
+    source: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Verdict: `AllSourcesExhausted(reason)`, with the scope's reopening estimate."""
+
+    reason: Literal["stalled", "retry_exhausted", "fail_fast", "deadline"]
+    retry_after_s: float
+    rate_limited: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Verdict: `SourceFatalError` at `source` (never retried)."""
+
+    reason: str
+    source: str
+    status: int | None
+
+
+Action = AskProgress | AskBreaker | Admit | Send | Settle | Record | Wait | Return | GiveUp | Fail
+
+# -- events --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """The call starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The action was carried out and says nothing back."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressAge:
+    """Seconds since the scope's last success on the store's clock (inf: never)."""
+
+    age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """No candidate was runnable: the store's denial, field for field."""
+
+    reopen_in_s: float | None
+    blocked: tuple[tuple[str, str], ...]
+    gated_for_s: float | None = None
+    gated_reset: bool = False
+    booked_in_s: float | None = None
+    gated_error: str | None = None
+    errors: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The store recorded the attempt (or failed to record a success, which was kept)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waited:
+    """The wait ended: `woken` before its delay by a release, `lost` its places."""
+
+    woken: bool = False
+    lost: bool = False
+
+
+Event = Begin | Done | ProgressAge | BreakerState | Granted | Refused | Sent | Settled | Waited
