@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -265,13 +264,8 @@ class Heartbeat:
 
 def heartbeat_of(runtime: WorkerRuntime) -> Heartbeat:
     """The runtime's heartbeat, made on first use."""
-    with _made:
-        beat: Heartbeat | None = getattr(runtime, "heartbeat", None)
-        if beat is None:
-            beat = Heartbeat(runtime)
-            runtime.heartbeat = beat  # type: ignore[attr-defined]
-            runtime.add_service(beat)
-        return beat
-
-
-_made = threading.Lock()
+    with runtime.making:
+        if runtime.heartbeat is None:
+            runtime.heartbeat = Heartbeat(runtime)
+            runtime.add_service(runtime.heartbeat)
+        return runtime.heartbeat
