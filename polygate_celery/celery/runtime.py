@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from celery import Celery
 
 from polygate_celery.celery.app_state import RuntimeParts, governance_of
+from polygate_celery.celery.state import CeleryState, RedisCeleryState
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
 from polygate_celery.errors import ConfigError
@@ -188,6 +189,11 @@ class WorkerRuntime:
         self.wall_time: Callable[[], float] = time.time
         self.random: Callable[[], float] = parts.random or _random.random
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
+        # The parking lots and run markers: beside a Redis store only (a worker without
+        # one defers by countdown, and runs every copy it gets).
+        self.state: CeleryState | None = None
+        if isinstance(self.store, RedisStore):
+            self.state = RedisCeleryState(self.store.client, self.store.keys, self._blocking_client)
         # scope -> when this process last woke its parked tasks (`handle._wake_parked`)
         self.woken_at: dict[str, float] = {}
         self.loop = asyncio.new_event_loop()
@@ -203,6 +209,9 @@ class WorkerRuntime:
         self.releaser: Releaser | None = None
         self.heartbeat: Heartbeat | None = None
         self.making = threading.Lock()  # held while one of them is made
+
+    def _blocking_client(self) -> Any:
+        return self.blocking_redis
 
     @property
     def blocking_redis(self) -> Any:

@@ -198,7 +198,7 @@ def _run_governed(
 ) -> Any:
     _hand_back_unpublished_retries(task)
     run = RunIdentity.of(task)
-    guard = ExecutionGuard(runtime, task, run)
+    guard = ExecutionGuard.of(runtime, task, run)
     rerun = run.deferrals > 0 or guard.copy  # kept results may exist
     # Kept per submission and Celery retry: a retry asks again (its answer was refused).
     kept_as = f"{run.submission_key}:{run.retries}"

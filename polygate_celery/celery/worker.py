@@ -36,7 +36,7 @@ from polygate_celery.celery.broker import (
     transport_options,
 )
 from polygate_celery.celery.chords import install_counting_request
-from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
+from polygate_celery.celery.parking import Releaser, lot_name
 from polygate_celery.celery.registry import governed_tasks
 from polygate_celery.celery.runtime import (
     WorkerRuntime,
@@ -257,7 +257,7 @@ def worker_settings(
 def start_release_loop(app: Celery) -> Releaser | None:
     """Start this process's parking-lot release loop (once); None without Redis."""
     runtime = runtime_for(app)
-    if runtime.redis is None or runtime.keys is None:
+    if runtime.state is None:
         return None
     with runtime.making:
         return _start_release_loop(app, runtime)
@@ -282,8 +282,8 @@ def probe_intervals(config: GatewayConfig) -> dict[str, float]:
 
 def _start_release_loop(app: Celery, runtime: WorkerRuntime) -> Releaser:
     if runtime.releaser is None:
-        assert runtime.redis is not None  # (start_release_loop checked)
-        lot = ParkingLot(runtime.redis, runtime.keys, lot_name(app))
+        assert runtime.state is not None  # (start_release_loop checked)
+        lot = runtime.state.lot(lot_name(app))
         releaser = Releaser(
             app, lot, runtime.config.deferral, probes=probe_intervals(runtime.config)
         )
@@ -294,10 +294,11 @@ def _start_release_loop(app: Celery, runtime: WorkerRuntime) -> Releaser:
     return runtime.releaser
 
 
-async def _drain_legacy_lot(app: Celery, runtime: Any) -> None:
+async def _drain_legacy_lot(app: Celery, runtime: WorkerRuntime) -> None:
     """Release what an earlier version parked under the app's name alone
     (``parked:<main>``), until that lot is empty: a rolling upgrade loses no parked task."""
-    legacy = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
+    assert runtime.state is not None
+    legacy = runtime.state.lot(app.main or "default")
     releaser = Releaser(app, legacy, runtime.config.deferral, keep=False)  # no run names them
     interval = runtime.config.deferral.release_interval_s
     failed = 0
