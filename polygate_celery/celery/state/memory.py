@@ -20,6 +20,7 @@ from polygate_celery.celery.state.base import Begun, Counted, Lot, ParkedEntry, 
 from polygate_celery.clock import Clock, SystemClock
 
 PROBE_INDEX_KEEP_S = 86400.0  # an index entry older than this was released on its own
+COPY_ENTRY = ":copy"  # after a run's key: the entry of its held-back copy
 
 
 @dataclass(slots=True)
@@ -101,7 +102,7 @@ class MemoryRunMarkers:
         with state.lock:
             if start.lot is not None and start.lot in state.lots:
                 data = state.lots[start.lot]
-                for entry in (run, f"{run}:copy"):
+                for entry in (run, run + COPY_ENTRY):
                     data.due.pop(entry, None)
                     data.msg.pop(entry, None)
                     data.msg.pop(f"{entry}#released", None)
@@ -152,7 +153,7 @@ class MemoryLot(Lot):
     def __init__(self, state: MemoryCeleryState, name: str) -> None:
         self.state = state
         self.name = name
-        self.dead = f"{name}:dead"
+        self.dead = f"the dead letters of lot {name!r}"
 
     async def _park(self, entry: ParkedEntry) -> None:
         with self.state.lock:

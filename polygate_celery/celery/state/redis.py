@@ -119,8 +119,8 @@ class RedisRunMarkers:
         keys = run_keys(self.keys.base, start.run)
         args = [*self._args("begin", start.token, start.terms, start.copy), repr(start.began_at)]
         if start.lot is not None:
-            parked = self.keys.parked(start.lot)
-            keys += [parked, f"{parked}:msg"]  # the entry this run was released from, if any
+            lot = self.keys.parked(start.lot)
+            keys += [lot, f"{lot}:msg"]  # the entry this run was released from, if any
             args.append(start.run)
         reply = self._step(keys, args)
         verdict: Verdict = _str(reply[0])  # type: ignore[assignment]
