@@ -1,4 +1,4 @@
-"""Celery edge: the Redis parking lot where deferred tasks wait until they are due.
+"""Celery edge: parking a deferred task's message, and the release loop that publishes it.
 
 A deferred task's message (exactly as Celery would publish it: body, headers,
 properties, exchange and routing key; nothing else Celery publishes beside it,
@@ -25,6 +25,9 @@ due at once, and while they are all parked the release loop makes the earliest
 due about once per probe interval, so the scope is probed (`Lot.wake`).
 While Redis or the broker is unreachable the loop backs off (bounded, jittered)
 and logs once when it starts failing and once when it recovers.
+
+The lot's operations are `state.Lot`'s (on Redis: `state.redis.ParkingLot`, also
+importable from here; in memory: `state.memory.MemoryLot`).
 """
 
 from __future__ import annotations
