@@ -31,6 +31,7 @@ from typing import Any
 
 from celery import Celery
 
+from polygate_celery.celery.app_state import BrokerSeen, governance_of
 from polygate_celery.config.urls import check_broker_url
 from polygate_celery.errors import ConfigError
 
@@ -38,8 +39,6 @@ logger = logging.getLogger("polygate_celery")
 AMQP = "amqp"  # kombu's driver type of the RabbitMQ transports (py-amqp, librabbitmq)
 RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0  # RabbitMQ's default consumer_timeout (1,800,000 ms)
 REDIS_VISIBILITY_TIMEOUT_S = 3600.0  # kombu's default visibility_timeout
-# id(app) -> the transports configure_worker saw, and the consumer timeout it was told
-_configured: dict[int, tuple[frozenset[str], float]] = {}
 
 
 BROKER_URL_SETTINGS = ("broker_url", "broker_read_url", "broker_write_url")
@@ -158,15 +157,18 @@ def check_consumer_timeout(hard_limit_s: float, consumer_timeout_s: float) -> No
 
 
 def remember_broker(app: Celery, consumer_timeout_s: float) -> None:
-    _configured[id(app)] = (broker_kinds(app), consumer_timeout_s)
+    """Keep, in `app`'s governance, the transports `configure_worker` configured it for and
+    the consumer timeout it was told (`check_broker_unchanged`, `unacked_window_s`)."""
+    governance_of(app).broker = BrokerSeen(broker_kinds(app), consumer_timeout_s)
 
 
 def check_broker_unchanged(app: Celery) -> bool:
     """Log an error (and return False) when the app's broker is not of the transport
     `configure_worker` configured it for (its ``broker_url`` was set afterwards)."""
-    seen, now = _configured.get(id(app), (None, 0.0))[0], broker_kinds(app)
-    if seen is None or seen == now:
+    broker, now = governance_of(app).broker, broker_kinds(app)
+    if broker is None or broker.kinds == now:
         return True
+    seen = broker.kinds
     logger.error(
         "configure_worker configured app %r for a %s broker, but it uses %s: call "
         "configure_worker once broker_url is set",
@@ -182,6 +184,7 @@ def unacked_window_s(app: Celery) -> float:
     before delivering it again: the consumer timeout on RabbitMQ (as `configure_worker`
     was told it), else the visibility timeout."""
     if transport_kind(app, app.conf.broker_read_url) == AMQP:
-        return _configured.get(id(app), (None, RABBITMQ_CONSUMER_TIMEOUT_S))[1]
+        broker = governance_of(app).broker
+        return broker.consumer_timeout_s if broker is not None else RABBITMQ_CONSUMER_TIMEOUT_S
     options = app.conf.broker_transport_options or {}
     return float(options.get("visibility_timeout", REDIS_VISIBILITY_TIMEOUT_S))

@@ -28,12 +28,7 @@ from celery.exceptions import Ignore, Reject
 from polygate_celery.celery.broker import unacked_window_s
 from polygate_celery.celery.guard import ExecutionGuard, quietly
 from polygate_celery.celery.identity import COPY, DEFERRALS
-from polygate_celery.celery.parking import (
-    ParkingLot,
-    broker_retrying,
-    capture_message,
-    lot_name,
-)
+from polygate_celery.celery.parking import broker_retrying, capture_message, lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.celery.signals import task_deferred
 from polygate_celery.celery.worker import start_release_loop
@@ -206,7 +201,7 @@ def defer(
     _record_deferred(task, reason, scope, estimate, count, now + delay, chosen)
     entry = guard.run.deferred().key
     # An outage's deferral (not a wait for rate limits to reset) is indexed by its scope:
-    # the scope's next success makes it due at once (`ParkingLot.wake`).
+    # the scope's next success makes it due at once (`Lot.wake`).
     outage = scope if reason == "stalled" and not step.reset else None
     if chosen == "park" and _park(task, runtime, entry, delay, signature, guard, outage):
         guard.forget()  # the lot marked this run finished as it took the message
@@ -290,13 +285,13 @@ def _park(
 ) -> bool:
     """Park the message under `entry` (ending `guard`'s run), indexed under the scope
     whose `outage` parked it, if any; False if the lot could not take it."""
-    if runtime.redis is None or runtime.keys is None:
+    if runtime.state is None:
         return False
     try:
-        lot = ParkingLot(runtime.redis, runtime.keys, lot_name(task.app))
+        lot = runtime.state.lot(lot_name(task.app))
         message = capture_message(signature)
         done_ttl = runtime.config.deferral.max_defer_age_s
-        ending = (guard.keys[1], guard.keys[0], guard.token) if guard and guard.active else None
+        ending = guard.ending if guard is not None else None
         runtime.run(lot.park(entry, delay, message, done_ttl, ending, outage))
     except Exception:
         logger.warning("parking task %s failed; deferring by countdown", task.request.id)

@@ -18,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from celery import Task, states
 
@@ -31,52 +30,92 @@ from polygate_celery.celery.chords import count_stored_part
 from polygate_celery.celery.identity import COPY, RunIdentity
 from polygate_celery.celery.parking import lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
+from polygate_celery.celery.state import (
+    EndMode,
+    MarkerTerms,
+    RunEnding,
+    RunMarkers,
+    RunStart,
+    Verdict,
+)
+from polygate_celery.config.models import DeferralConfig
 from polygate_celery.errors import GovernanceBackendError, StoreUnreachable
-from polygate_celery.store.redis import LuaScript, lua_text, run_script
 
-Verdict = Literal["go", "done", "running", "poison"]
 logger = logging.getLogger("polygate_celery")
-_EXECUTION = LuaScript(lua_text("polygate_celery.celery", "execution"))
-_HEARTBEAT = LuaScript(lua_text("polygate_celery.celery", "heartbeat"))
-
-
-def run_keys(base: str, run: RunIdentity) -> list[str]:
-    return [f"{base}:run:{run.key}", f"{base}:done:{run.key}", f"{base}:redeliveries:{run.key}"]
 
 
 class ExecutionGuard:
-    def __init__(self, runtime: WorkerRuntime, task: Task[Any, Any], run: RunIdentity) -> None:
-        self.runtime = runtime
+    """One run's marker: begun before the body, ended once its outcome is known.
+
+    `markers` None (no Redis store): every run goes, and ending it records nothing.
+    A run that may have come from a parking lot (deferred before, or a copy) asks
+    `lot` for the lot's name: the entries that started it are forgotten as it begins.
+    """
+
+    def __init__(
+        self,
+        markers: RunMarkers | None,
+        task: Task[Any, Any],
+        run: RunIdentity,
+        config: DeferralConfig,
+        *,
+        heartbeat: Heartbeat | None = None,
+        lot: Callable[[], str] | None = None,
+        wall_time: Callable[[], float] = time.time,
+    ) -> None:
         request = task.request
         headers = request.headers or {}
         redelivered = bool((request.delivery_info or {}).get("redelivered"))
         self.copy = redelivered or bool(headers.get(COPY))
         self.run = run
-        self.active = runtime.redis is not None and runtime.keys is not None
+        self.markers = markers
+        self.active = markers is not None
         self.token = uuid.uuid4().hex
-        self.keys = run_keys(runtime.keys.base, run) if self.active else []
-        config = runtime.config.deferral
-        self._run_ttl_ms = int(config.heartbeat_s * 1000 * HEARTBEATS_PER_TTL)
-        self._done_ttl = config.max_defer_age_s
-        self._cap = config.redelivery_cap
+        self.terms = MarkerTerms(
+            config.heartbeat_s * HEARTBEATS_PER_TTL, config.max_defer_age_s, config.redelivery_cap
+        )
         self.wait_s = 0.0  # after "running": how long until the live run's marker lapses
         self.task = task
-        self.lot: list[str] | None = None
-        if self.active and (run.deferrals > 0 or self.copy):  # may come from a parking lot
-            lot = runtime.keys.parked(lot_name(task.app))
-            self.lot = [lot, f"{lot}:msg"]
+        self.heartbeat = heartbeat
+        may_be_parked = self.active and (run.deferrals > 0 or self.copy)
+        self.lot = lot() if lot is not None and may_be_parked else None
+        self._wall_time = wall_time
+
+    @classmethod
+    def of(cls, runtime: WorkerRuntime, task: Task[Any, Any], run: RunIdentity) -> ExecutionGuard:
+        """The guard of `run` in `runtime`'s process: its run markers and heartbeat."""
+        state = runtime.state
+        return cls(
+            state.markers if state is not None else None,
+            task,
+            run,
+            runtime.config.deferral,
+            heartbeat=heartbeat_of(runtime) if state is not None else None,
+            lot=lambda: lot_name(task.app),
+            wall_time=runtime.wall_time,
+        )
+
+    @property
+    def ending(self) -> RunEnding | None:
+        """(run, token) for a step that ends this run elsewhere (parking its deferral)."""
+        return (self.run.key, self.token) if self.active else None
 
     def begin(self) -> Verdict:
-        if not self.active:
+        if self.markers is None:
             return "go"
-        reply = self._call("begin")
-        verdict: Verdict = _text(reply[0])  # type: ignore[assignment]
-        if verdict == "running":
-            self.wait_s = max(0.0, int(reply[1]) / 1000)
-        elif verdict == "go":
-            heartbeat_of(self.runtime).add(self.keys[0], self.token)
+        # The wall clock is what Celery's date_done is read from.
+        begun = self.markers.begin(
+            RunStart(self.run.key, self.token, self.copy, self.terms, self._wall_time(), self.lot)
+        )
+        if begun.verdict == "running":
+            self.wait_s = begun.wait_s
+        elif begun.verdict == "go":
+            if self.heartbeat is not None:
+                self.heartbeat.add(self.run.key, self.token)
             stored = (
-                outcome_stored_since(self.task, float(_text(reply[1]))) if len(reply) > 1 else None
+                outcome_stored_since(self.task, begun.began_at)
+                if begun.began_at is not None
+                else None
             )
             if stored is not None:
                 # An earlier run of this message stored its outcome, then died before
@@ -86,7 +125,7 @@ class ExecutionGuard:
                 count_stored_part(self.task, self.task.request, stored)
                 quietly(self.finish)
                 return "done"
-        return verdict
+        return begun.verdict
 
     def finish(self) -> None:
         """This message's outcome is final (success, failure, deferred): copies are dropped."""
@@ -103,25 +142,13 @@ class ExecutionGuard:
 
     def forget(self) -> None:
         """The run was ended in the store by another step (parking its deferral)."""
-        if self.active:
-            heartbeat_of(self.runtime).discard(self.keys[0], self.token)
+        if self.heartbeat is not None:
+            self.heartbeat.discard(self.run.key, self.token)
 
-    def _end(self, mode: str) -> None:
-        if self.active:
-            heartbeat_of(self.runtime).discard(self.keys[0], self.token)
-            self._call(mode)
-
-    def _call(self, mode: str) -> Any:
-        """One execution.lua step, from the task's own thread (no hop to the loop)."""
-        ttls: list[str | int] = [self._run_ttl_ms, repr(self._done_ttl)]
-        args: list[str | int] = [mode, self.token, *ttls, int(self.copy), self._cap]
-        keys = self.keys
-        if mode == "begin":
-            args.append(repr(time.time()))  # the clock Celery's date_done is read from
-            if self.lot is not None:
-                keys = [*keys, *self.lot]  # the entry this message was released from, if any
-                args.append(self.run.key)
-        return _EXECUTION.run_blocking(self.runtime.blocking_redis, keys, args)
+    def _end(self, mode: EndMode) -> None:
+        if self.markers is not None:
+            self.forget()
+            self.markers.end(self.run.key, self.token, mode, self.terms)
 
 
 def outcome_stored_since(task: Task[Any, Any], began: float) -> dict[str, Any] | None:
@@ -198,36 +225,39 @@ def quietly(step: Callable[[], Any]) -> None:
         logger.warning("recording a governed task's run failed", exc_info=True)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 # A run marker outlives this many missed heartbeats before its run counts as dead.
 HEARTBEATS_PER_TTL = 5
 
 
 class Heartbeat:
-    """Keeps the run markers of one worker process's live runs alive, in one script a beat.
+    """Keeps the run markers of one worker process's live runs alive, in one step a beat.
 
-    Runs on the runtime's event loop; a beat that fails (Redis unreachable) is
-    logged once per outage, and the markers are set again when Redis answers.
+    Runs on the runtime's event loop (`on_loop` starts a coroutine there); a beat that
+    fails (Redis unreachable) is logged once per outage, and the markers are set again
+    when Redis answers.
     """
 
-    def __init__(self, runtime: WorkerRuntime) -> None:
-        self.runtime = runtime
-        self.interval_s = runtime.config.deferral.heartbeat_s
-        self.live: dict[str, str] = {}
+    def __init__(
+        self,
+        markers: RunMarkers,
+        interval_s: float,
+        on_loop: Callable[[Coroutine[Any, Any, None]], object],
+    ) -> None:
+        self.markers = markers
+        self.interval_s = interval_s
+        self.live: dict[str, str] = {}  # run -> its token
+        self._on_loop = on_loop
         self._task: asyncio.Task[None] | None = None
         self._failing = 0
 
-    def add(self, key: str, token: str) -> None:
-        self.live[key] = token
+    def add(self, run: str, token: str) -> None:
+        self.live[run] = token
         if self._task is None:
-            self.runtime.on_loop(self._start())
+            self._on_loop(self._start())
 
-    def discard(self, key: str, token: str) -> None:
-        if self.live.get(key) == token:  # not a newer run's of the same key
-            self.live.pop(key, None)
+    def discard(self, run: str, token: str) -> None:
+        if self.live.get(run) == token:  # not a newer run's of the same key
+            self.live.pop(run, None)
 
     def stop(self) -> None:
         if self._task is not None:
@@ -245,12 +275,8 @@ class Heartbeat:
                 await self.beat(live)
 
     async def beat(self, live: dict[str, str]) -> None:
-        assert self.runtime.redis is not None
-        ttl_ms = int(self.interval_s * 1000 * HEARTBEATS_PER_TTL)
         try:
-            taken = await run_script(
-                _HEARTBEAT, self.runtime.redis, list(live), [ttl_ms, *live.values()]
-            )
+            taken = await self.markers.beat(live, self.interval_s * HEARTBEATS_PER_TTL)
         except GovernanceBackendError as exc:
             if self._failing == 0:
                 logger.warning("run heartbeats failed (%s); retrying every beat", exc)
@@ -259,19 +285,16 @@ class Heartbeat:
         if self._failing:
             logger.warning("run heartbeats resumed after %d failed beats", self._failing)
             self._failing = 0
-        if int(taken):
-            logger.error("%d live runs found their marker taken by another run", int(taken))
+        if taken:
+            logger.error("%d live runs found their marker taken by another run", taken)
 
 
 def heartbeat_of(runtime: WorkerRuntime) -> Heartbeat:
-    """The runtime's heartbeat, made on first use."""
-    with _made:
-        beat: Heartbeat | None = getattr(runtime, "heartbeat", None)
-        if beat is None:
-            beat = Heartbeat(runtime)
-            runtime.heartbeat = beat  # type: ignore[attr-defined]
-            runtime.add_service(beat)
-        return beat
-
-
-_made = threading.Lock()
+    """The runtime's heartbeat, made on first use (the runtime has a Celery state)."""
+    assert runtime.state is not None
+    with runtime.making:
+        if runtime.heartbeat is None:
+            interval = runtime.config.deferral.heartbeat_s
+            runtime.heartbeat = Heartbeat(runtime.state.markers, interval, runtime.on_loop)
+            runtime.add_service(runtime.heartbeat)
+        return runtime.heartbeat

@@ -7,7 +7,7 @@ position in the body, so a task that is deferred and runs again gets the answers
 it already paid for without asking the provider a second time. Kept results
 belong to the submission (task id and ``polygate_submission``): another
 submission with the same task id never gets them. A call's success also makes
-the tasks an outage of its scope parked due at once (`ParkingLot.wake`): the
+the tasks an outage of its scope parked due at once (`Lot.wake`): the
 scope answers again.
 """
 
@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from polygate_celery.celery.parking import ParkingLot, lot_name
+from polygate_celery.celery.parking import lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.governance.loop import CallResult
@@ -119,14 +119,14 @@ class _Calls:
 
         Once per `WAKE_INTERVAL_S` per scope and process at most: a success of a scope
         that serves needs no script of its own, and a recovery is seen within it."""
-        if self.runtime.redis is None or self.runtime.keys is None:
+        if self.runtime.state is None:
             return
         now = self.runtime.gateway.clock.now()
         if now - self.runtime.woken_at.get(scope, -WAKE_INTERVAL_S) < WAKE_INTERVAL_S:
             return
         self.runtime.woken_at[scope] = now
         try:
-            lot = ParkingLot(self.runtime.redis, self.runtime.keys, lot_name(self.runtime.app))
+            lot = self.runtime.state.lot(lot_name(self.runtime.app))
             woken = await lot.wake(scope)
         except Exception:
             logger.warning("scope %r: waking its parked tasks failed", scope, exc_info=True)

@@ -1,4 +1,4 @@
-"""Celery edge: the Redis parking lot where deferred tasks wait until they are due.
+"""Celery edge: parking a deferred task's message, and the release loop that publishes it.
 
 A deferred task's message (exactly as Celery would publish it: body, headers,
 properties, exchange and routing key; nothing else Celery publishes beside it,
@@ -22,9 +22,12 @@ whose publish fails for its own fault, goes whole to the lot's dead letters
 (``:dead``, shown by ``polygate-celery status``) once, and its round goes on.
 An outage's entries are also indexed by scope: a success of the scope makes them
 due at once, and while they are all parked the release loop makes the earliest
-due about once per probe interval, so the scope is probed (`ParkingLot.wake`).
+due about once per probe interval, so the scope is probed (`Lot.wake`).
 While Redis or the broker is unreachable the loop backs off (bounded, jittered)
 and logs once when it starts failing and once when it recovers.
+
+The lot's operations are `state.Lot`'s (on Redis: `state.redis.ParkingLot`, also
+importable from here; in memory: `state.memory.MemoryLot`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import random
@@ -45,7 +47,6 @@ from amqp.exceptions import MessageNacked
 from celery import Celery
 from celery.canvas import Signature
 from kombu.exceptions import OperationalError
-from redis.asyncio import Redis
 from tenacity import (
     Retrying,
     retry_if_exception_type,
@@ -54,27 +55,25 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from polygate_celery.celery.parked_message import (
-    PUBLISH_FIELDS,
-    entry_error,
-    malformed,
-    no_route,
-)
+from polygate_celery.celery.parked_message import PUBLISH_FIELDS, entry_error, no_route
+from polygate_celery.celery.state import Lot, ParkingLot
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.core.backoff import backoff_delay
-from polygate_celery.store.redis import KeySpace, LuaScript, lua_text, run_script, translated
 
+__all__ = [
+    "MAX_FAILED_RELEASES",
+    "ParkingLot",
+    "Releaser",
+    "broker_retrying",
+    "capture_message",
+    "lot_name",
+    "publish_message",
+]
 logger = logging.getLogger("polygate_celery")
 TRANSIENT_BROKER_ERRORS = (OperationalError, ConnectionError, OSError, TimeoutError)
 _PLUMBING = {"retry", "retry_policy", "declare", "timeout", "confirm_timeout"}
 RELEASE_BACKOFF_MAX_S = 30.0  # the longest pause of a release loop that keeps failing
 PROBE_LOOK_S = 1.0  # how often a release loop looks for a scope to probe
-
-
-def _scripts() -> dict[str, LuaScript]:
-    package = "polygate_celery.celery"
-    names = ("park", "claim", "confirm", "bury", "unpublished", "wake")
-    return {name: LuaScript(lua_text(package, name)) for name in names}
 
 
 def broker_retrying() -> Retrying:
@@ -164,146 +163,13 @@ def lot_name(app: Celery) -> str:
     return f"{app.main or 'default'}@{digest}"
 
 
-class ParkingLot:
-    """One lot (four keys under the store's prefix), and its scripts."""
-
-    def __init__(self, client: Redis, keys: KeySpace, name: str = "default") -> None:
-        self.client = client
-        self.base = keys.base
-        self.name = name
-        lot = keys.parked(name)
-        self.keys = [lot, f"{lot}:msg", f"{lot}:claim"]
-        self.dead = f"{lot}:dead"
-        self._scripts = _scripts()
-
-    async def park(
-        self,
-        entry_id: str,
-        due_in_s: float,
-        message: dict[str, Any],
-        done_ttl_s: float,
-        ending: tuple[str, str, str] | None = None,
-        scope: str | None = None,
-    ) -> None:
-        """Park `entry_id` (the run the message starts); `ending` = (done key, run key,
-        token) of a deferring run, marked finished in the same step. With `scope` (the
-        scope whose outage parked it), the entry is indexed under it: `wake` makes it
-        due at once when the scope answers again."""
-        keys = self.keys + ([ending[0], ending[1]] if ending else [])
-        if scope is not None:
-            keys.append(self.scope_index(scope))
-        token = ending[2] if ending else ""
-        await run_script(
-            self._scripts["park"],
-            self.client,
-            keys,
-            [
-                entry_id,
-                repr(max(0.0, due_in_s)),
-                json.dumps(message),
-                repr(done_ttl_s),
-                token,
-                "1" if scope is not None else "0",
-            ],
-        )
-
-    def scope_index(self, scope: str) -> str:
-        """The index of the entries an outage of `scope` parked (entry id -> due time)."""
-        return f"{self.keys[0]}:scope:{scope}"
-
-    async def wake(self, scope: str, probe_interval_s: float | None = None) -> int:
-        """Make the entries an outage of `scope` parked due now (the scope answers again:
-        the release loop publishes them, and the scope's permits and quotas pace their
-        runs); with `probe_interval_s`, only the earliest, and only if it would come back
-        later than that and no probe was woken within that long (while every task of
-        the scope is parked, one comes back as its probe about once per interval).
-        Returns how many became due."""
-        index = self.scope_index(scope)
-        mode = ["all"] if probe_interval_s is None else ["probe", repr(probe_interval_s)]
-        woken = await run_script(
-            self._scripts["wake"], self.client, [*self.keys, index, f"{index}:probe"], mode
-        )
-        return int(woken)
-
-    async def claim(
-        self, limit: int, lease_s: float, token: str
-    ) -> list[tuple[str, dict[str, Any]]]:
-        reply = await run_script(
-            self._scripts["claim"], self.client, self.keys, [limit, repr(lease_s), token]
-        )
-        claimed: list[tuple[str, dict[str, Any]]] = []
-        for raw_id, text in zip(reply[::2], reply[1::2], strict=True):
-            entry_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-            why: str | None = "not JSON"
-            with contextlib.suppress(ValueError):
-                message = json.loads(text)
-                why = malformed(message)
-            if why is None:
-                claimed.append((entry_id, message))
-            else:
-                await self.bury(entry_id, token, why)
-        return claimed
-
-    async def bury(self, entry_id: str, token: str, why: str) -> None:
-        """Move a claimed entry that Celery cannot take to the dead letters (the whole
-        entry, after why), once; one ERROR line names it and why (never its content)."""
-        buried = await run_script(
-            self._scripts["bury"], self.client, [*self.keys, self.dead], [entry_id, token, why]
-        )
-        if int(buried):
-            logger.error(
-                "parked entry %s is not a task message (%s): moved to %s", entry_id, why, self.dead
-            )
-
-    async def unpublished(self, entry_id: str, token: str, allowed: int, error: str) -> int:
-        """Count a release of a claimed entry that failed with an error of no known kind;
-        the `allowed`-th such failure buries it (one ERROR line). Returns the count."""
-        why = f"publishing it failed {allowed} times ({error})"
-        failed, buried = await run_script(
-            self._scripts["unpublished"],
-            self.client,
-            [*self.keys, self.dead],
-            [entry_id, token, allowed, why],
-        )
-        if int(buried):
-            logger.error("parked entry %s: %s: moved to %s", entry_id, why, self.dead)
-        return int(failed)
-
-    async def confirm(self, entry_id: str, token: str, keep_s: float = 0.0) -> bool:
-        """The entry's message is published: keep the entry `keep_s` more seconds (its
-        run forgets it when it begins; else it is released again), or forget it now.
-        False if `token` no longer held its claim."""
-        return (await self.confirm_all([entry_id], token, keep_s))[0]
-
-    async def confirm_all(self, entry_ids: list[str], token: str, keep_s: float) -> list[bool]:
-        """`confirm` for each of `entry_ids`, in one script."""
-        reply = await run_script(
-            self._scripts["confirm"], self.client, self.keys, [token, repr(keep_s), *entry_ids]
-        )
-        return [bool(int(flag)) for flag in reply]
-
-    async def size(self) -> int:
-        with translated():
-            return int(await self.client.zcard(self.keys[0]))
-
-    async def dead_letters(self) -> dict[str, str]:
-        """Entry id -> why it was buried, a newline, then the whole entry."""
-        with translated():
-            found = await self.client.hgetall(self.dead)
-        return {_str(k): _str(v) for k, v in found.items()}
-
-
-def _str(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 class Releaser:
     """One worker process's release loop, running on the runtime's event loop."""
 
     def __init__(
         self,
         app: Celery,
-        lot: ParkingLot,
+        lot: Lot,
         config: DeferralConfig,
         *,
         keep: bool = True,
@@ -312,7 +178,7 @@ class Releaser:
         self.app = app
         self.lot = lot
         self.config = config
-        self.probes = dict(probes or {})  # scope -> probe interval (`ParkingLot.wake`)
+        self.probes = dict(probes or {})  # scope -> probe interval (`Lot.wake`)
         self._probed_at = -math.inf
         self.keep_s = config.release_check_s if keep else 0.0
         self.token = uuid.uuid4().hex

@@ -20,49 +20,44 @@ import os
 import random as _random
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import Celery
 
-from polygate_celery.clock import Clock
+from polygate_celery.celery.app_state import RuntimeParts, governance_of
+from polygate_celery.celery.state import CeleryState, RedisCeleryState
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config
 from polygate_celery.errors import ConfigError
 from polygate_celery.governance.gateway import Gateway
-from polygate_celery.sources.base import Source
 from polygate_celery.sources.factory import sources_from_config
-from polygate_celery.store.base import Store
 from polygate_celery.store.factory import store_from_config
 from polygate_celery.store.redis import RedisStore, blocking_governance_client
 from polygate_celery.telemetry import Telemetry, TelemetryHook
+
+if TYPE_CHECKING:
+    from polygate_celery.celery.guard import Heartbeat
+    from polygate_celery.celery.parking import Releaser
+
+__all__ = [
+    "RuntimeParts",
+    "WorkerRuntime",
+    "forget_config",
+    "governed_config",
+    "register_config",
+    "registered_config",
+    "reset_runtime",
+    "runtime_for",
+    "set_runtime_parts",
+    "unknown_scope",
+]
 
 logger = logging.getLogger("polygate_celery")
 T = TypeVar("T")
 CANCEL_WAIT_S = 10.0
 REGISTERED = "the configuration configure_worker registered"
 DEFAULT_FILE = "polygate.toml"  # what the CLI reads by default, and a worker does not
-
-_configs: dict[int, GatewayConfig] = {}
-_hooks: dict[int, tuple[TelemetryHook, ...]] = {}
-_runtimes: dict[int, WorkerRuntime] = {}
-_lock = threading.Lock()
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeParts:
-    """What a runtime is built with instead of what the configuration describes (tests):
-    `sources` by source name (the others stay the configuration's), a `clock` (a
-    `VirtualClock`), a `store`, and the jitter's `random`."""
-
-    sources: Mapping[str, Source] = field(default_factory=dict)
-    clock: Clock | None = None
-    store: Store | None = None
-    random: Callable[[], float] | None = None
-
-
-_parts: dict[int, RuntimeParts] = {}
 
 
 def governed_config(config: GatewayConfig) -> GatewayConfig:
@@ -74,10 +69,7 @@ def set_runtime_parts(app: Celery, parts: RuntimeParts | None) -> None:
     """Build `app`'s runtimes in this process with `parts` from now on (None: as the
     configuration says); the current runtime, if any, is closed first."""
     reset_runtime(app)
-    if parts is None:
-        _parts.pop(id(app), None)
-    else:
-        _parts[id(app)] = parts
+    governance_of(app).parts = parts
 
 
 def register_config(
@@ -85,40 +77,37 @@ def register_config(
 ) -> None:
     """The configuration governed tasks of `app` use (else: `load_config()` on first use),
     and the telemetry hooks its runtimes pass every event to."""
-    _configs[id(app)] = config
-    _hooks[id(app)] = tuple(hooks)
+    governance = governance_of(app)
+    governance.config, governance.hooks = config, tuple(hooks)
 
 
 def forget_config(app: Celery) -> None:
     """Undo `register_config` (tests)."""
-    _configs.pop(id(app), None)
-    _hooks.pop(id(app), None)
+    governance = governance_of(app)
+    governance.config, governance.hooks = None, ()
 
 
 def registered_config(app: Celery) -> GatewayConfig | None:
     """The configuration `configure_worker` registered for `app`, if any."""
-    return _configs.get(id(app))
+    return governance_of(app).config
 
 
 def runtime_for(app: Celery) -> WorkerRuntime:
     """This process's runtime for `app`, made on first use (and anew after a fork)."""
-    with _lock:
-        runtime = _runtimes.get(id(app))
-        if runtime is None or runtime.pid != os.getpid():
-            config = _configs.get(id(app))
+    governance = governance_of(app)
+    with governance.lock:
+        runtime = governance.own_runtime()
+        if runtime is None:
+            config = governance.config
             origin: str | None = REGISTERED
             if config is None:
                 path = os.environ.get(CONFIG_PATH_ENV) or None
                 config = load_config(path)
                 origin = f"{path} (${CONFIG_PATH_ENV})" if path else None
             runtime = WorkerRuntime(
-                app,
-                config,
-                hooks=_hooks.get(id(app), ()),
-                parts=_parts.get(id(app)),
-                origin=origin,
+                app, config, hooks=governance.hooks, parts=governance.parts, origin=origin
             )
-            _runtimes[id(app)] = runtime
+            governance.runtime = runtime
         return runtime
 
 
@@ -151,19 +140,11 @@ def unknown_scope(
 
 def reset_runtime(app: Celery) -> None:
     """Close and forget this process's runtime for `app` (a new one is made on next use)."""
-    with _lock:
-        runtime = _runtimes.pop(id(app), None)
-    if runtime is not None and runtime.pid == os.getpid():
+    governance = governance_of(app)
+    with governance.lock:
+        runtime, governance.runtime = governance.own_runtime(), None
+    if runtime is not None:
         runtime.close()
-
-
-def _forget_after_fork() -> None:
-    global _lock  # noqa: PLW0603 - a lock held at fork time would never be released here
-    _lock = threading.Lock()
-    _runtimes.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class WorkerRuntime:
@@ -208,6 +189,11 @@ class WorkerRuntime:
         self.wall_time: Callable[[], float] = time.time
         self.random: Callable[[], float] = parts.random or _random.random
         self.redis = self.store.client if isinstance(self.store, RedisStore) else None
+        # The parking lots and run markers: beside a Redis store only (a worker without
+        # one defers by countdown, and runs every copy it gets).
+        self.state: CeleryState | None = None
+        if isinstance(self.store, RedisStore):
+            self.state = RedisCeleryState(self.store.client, self.store.keys, self._blocking_client)
         # scope -> when this process last woke its parked tasks (`handle._wake_parked`)
         self.woken_at: dict[str, float] = {}
         self.loop = asyncio.new_event_loop()
@@ -218,6 +204,14 @@ class WorkerRuntime:
         self._blocking: Any = None
         self._made = threading.Lock()
         self._services: list[Any] = []
+        # This process's release loop (`worker.start_release_loop`) and run heartbeat
+        # (`guard.heartbeat_of`), made on first use and stopped with the runtime.
+        self.releaser: Releaser | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.making = threading.Lock()  # held while one of them is made
+
+    def _blocking_client(self) -> Any:
+        return self.blocking_redis
 
     @property
     def blocking_redis(self) -> Any:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -198,7 +197,7 @@ def _run_governed(
 ) -> Any:
     _hand_back_unpublished_retries(task)
     run = RunIdentity.of(task)
-    guard = ExecutionGuard(runtime, task, run)
+    guard = ExecutionGuard.of(runtime, task, run)
     rerun = run.deferrals > 0 or guard.copy  # kept results may exist
     # Kept per submission and Celery retry: a retry asks again (its answer was refused).
     kept_as = f"{run.submission_key}:{run.retries}"
@@ -226,7 +225,7 @@ def _run_governed(
         result = body()
     except AllSourcesExhausted as exc:
         if exc.reason == "retry_exhausted":
-            finish_after_return(guard)
+            finish_after_return(task, guard)
             raise
         _defer(task, exc, runtime, guard)
     except GovernanceBackendError as exc:
@@ -235,23 +234,20 @@ def _run_governed(
         if getattr(exc, "requeue", False):  # back to the broker: the run goes on
             quietly(guard.hand_back if getattr(exc, HANDED_BACK, False) else guard.release)
             raise
-        finish_after_return(guard)
+        finish_after_return(task, guard)
         raise
     except Exception:
         # Final: a failure (acknowledged), Ignore (Task.replace), Retry (the retry is a
         # message of its own, with retries + 1), or an error autoretry_for turns into one.
-        finish_after_return(guard)
+        finish_after_return(task, guard)
         raise
     except BaseException:
         # SystemExit, KeyboardInterrupt: Celery terminated the run (cold shutdown, broker
         # connection lost) and will restore its message; the copy must run.
         quietly(guard.release)
         raise
-    finish_after_return(guard)  # a marker that fails to be set never costs the result
+    finish_after_return(task, guard)  # a marker that fails to be set never costs the result
     return result
-
-
-_returning = threading.local()
 
 
 HANDED_BACK = "polygate_handed_back"
@@ -264,7 +260,11 @@ def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
     for ``self.retry()`` in the body and for ``autoretry_for`` (which calls `task.retry`
     after the body has ended). Each hand-back counts toward `redelivery_cap`, so a
     publish that fails every time ends as `PoisonMessage`, not in a loop. A retry that
-    cannot be encoded is dropped at once, as Celery does."""
+    cannot be encoded is dropped at once, as Celery does.
+
+    A wrapper, because Celery has no hook there: ``Task.retry`` raises that Reject
+    itself (``on_retry`` comes only after a retry was published), and a base class of
+    ours would not reach tasks that name their own ``base=``."""
     if "retry" in vars(task):
         return
     celery_retry = task.retry
@@ -279,9 +279,8 @@ def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
                 raise
             if isinstance(reason, EncodeError):
                 raise
-            guard: ExecutionGuard | None = getattr(_returning, "guard", None)
+            guard = _take_pending_finish(task)
             if guard is not None:  # autoretry_for: the body has ended; leave it unfinished
-                _returning.guard = None
                 quietly(guard.hand_back)
             logger.warning(
                 "task %s: its retry could not be published (%s); handed back to the broker",
@@ -295,17 +294,33 @@ def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
     task.retry = retry  # type: ignore[method-assign]
 
 
-def finish_after_return(guard: ExecutionGuard) -> None:
+# The key, in Celery's request context of a run (its per-run object, on the task's request
+# stack until after ``task_postrun``), of the guard whose finish waits for the outcome.
+PENDING_FINISH = "polygate_pending_finish"
+
+
+def finish_after_return(task: Task[Any, Any], guard: ExecutionGuard) -> None:
     """Mark the run finished once Celery has stored its outcome and sent its callbacks
     (``task_postrun``), not before: a worker lost in between leaves the run unfinished,
-    and the message's copy runs (at least once) instead of being dropped."""
-    _returning.guard = guard
+    and the message's copy runs (at least once) instead of being dropped.
+
+    Celery's ``after_return`` hook would come at the same point, but only for a task
+    class that defines it (a user's ``base=`` need not) and not for a retry, an
+    ``Ignore`` or a ``Reject``: the signal comes for every run."""
+    task.request.update({PENDING_FINISH: guard})
 
 
-def _finish_returned_run(**_: Any) -> None:
-    guard: ExecutionGuard | None = getattr(_returning, "guard", None)
+def _take_pending_finish(task: Task[Any, Any]) -> ExecutionGuard | None:
+    guard = task.request.get(PENDING_FINISH, None)
+    if guard is None:
+        return None
+    task.request.update({PENDING_FINISH: None})
+    return guard if isinstance(guard, ExecutionGuard) else None
+
+
+def _finish_returned_run(sender: Any = None, **_: Any) -> None:
+    guard = _take_pending_finish(sender) if isinstance(sender, Task) else None
     if guard is not None:
-        _returning.guard = None
         patiently(guard.finish)  # its outcome is stored: wait out a Redis restart
 
 

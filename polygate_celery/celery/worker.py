@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, signals
 from celery.app.defaults import DEFAULTS
 
+from polygate_celery.celery.app_state import governance_of
 from polygate_celery.celery.broker import (
     RABBITMQ_CONSUMER_TIMEOUT_S,
     check_broker_unchanged,
@@ -36,9 +36,14 @@ from polygate_celery.celery.broker import (
     transport_options,
 )
 from polygate_celery.celery.chords import install_counting_request
-from polygate_celery.celery.parking import ParkingLot, Releaser, lot_name
+from polygate_celery.celery.parking import Releaser, lot_name
 from polygate_celery.celery.registry import governed_tasks
-from polygate_celery.celery.runtime import register_config, registered_config, runtime_for
+from polygate_celery.celery.runtime import (
+    WorkerRuntime,
+    register_config,
+    registered_config,
+    runtime_for,
+)
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.errors import ConfigError
 from polygate_celery.store.redis import eviction_policies
@@ -115,9 +120,10 @@ def configure_worker(
         visibility_margin_s=visibility_margin_s,
         consumer_timeout_s=consumer_timeout_s,
     )
-    _limits[id(app)] = governed_time_limits(app, config, calls_per_task, extra_task_s)
+    governance = governance_of(app)
+    governance.limits = governed_time_limits(app, config, calls_per_task, extra_task_s)
     remember_broker(app, consumer_timeout_s)
-    hard = _limits[id(app)][1]
+    hard = governance.limits[1]
     for level, note in transport_options(app, hard, visibility_margin_s, consumer_timeout_s)[1]:
         logger.log(level, "configure_worker: %s", note)
     for key, before, after in overridden_settings(app, settings):
@@ -164,14 +170,11 @@ def governed_time_limits(
     return float(theirs_soft or soft), max(hard, float(theirs_hard or 0))
 
 
-_limits: dict[int, tuple[float, float]] = {}
-
-
 def apply_time_limits(app: Celery) -> dict[str, tuple[float, float]]:
     """Give each governed task of `app` that has no time limits of its own the ones
     `configure_worker` derived (at worker start, once the task modules are imported);
     other tasks keep Celery's (none, unless the app sets them). Returns what was set."""
-    limits = _limits.get(id(app))
+    limits = governance_of(app).limits
     if limits is None:
         return {}
     soft, hard = limits
@@ -254,13 +257,10 @@ def worker_settings(
 def start_release_loop(app: Celery) -> Releaser | None:
     """Start this process's parking-lot release loop (once); None without Redis."""
     runtime = runtime_for(app)
-    if runtime.redis is None or runtime.keys is None:
+    if runtime.state is None:
         return None
-    with _starting:
+    with runtime.making:
         return _start_release_loop(app, runtime)
-
-
-_starting = threading.Lock()
 
 
 # A scope's parked tasks send it a probe at least this often (SPEC §5: a source that
@@ -280,10 +280,10 @@ def probe_intervals(config: GatewayConfig) -> dict[str, float]:
     }
 
 
-def _start_release_loop(app: Celery, runtime: Any) -> Releaser:
-    releaser: Releaser | None = getattr(runtime, "releaser", None)
-    if releaser is None:
-        lot = ParkingLot(runtime.redis, runtime.keys, lot_name(app))
+def _start_release_loop(app: Celery, runtime: WorkerRuntime) -> Releaser:
+    if runtime.releaser is None:
+        assert runtime.state is not None  # (start_release_loop checked)
+        lot = runtime.state.lot(lot_name(app))
         releaser = Releaser(
             app, lot, runtime.config.deferral, probes=probe_intervals(runtime.config)
         )
@@ -291,13 +291,14 @@ def _start_release_loop(app: Celery, runtime: Any) -> Releaser:
         runtime.releaser = releaser
         runtime.add_service(releaser)
         runtime.on_loop(_drain_legacy_lot(app, runtime))
-    return releaser
+    return runtime.releaser
 
 
-async def _drain_legacy_lot(app: Celery, runtime: Any) -> None:
+async def _drain_legacy_lot(app: Celery, runtime: WorkerRuntime) -> None:
     """Release what an earlier version parked under the app's name alone
     (``parked:<main>``), until that lot is empty: a rolling upgrade loses no parked task."""
-    legacy = ParkingLot(runtime.redis, runtime.keys, app.main or "default")
+    assert runtime.state is not None
+    legacy = runtime.state.lot(app.main or "default")
     releaser = Releaser(app, legacy, runtime.config.deferral, keep=False)  # no run names them
     interval = runtime.config.deferral.release_interval_s
     failed = 0
@@ -360,13 +361,11 @@ def quiet_transport_loggers() -> list[str]:
     return quieted
 
 
-_connected: set[int] = set()
-
-
 def _connect_signals(app: Celery) -> None:
-    if id(app) in _connected:
+    governance = governance_of(app)
+    if governance.signals_connected:
         return
-    _connected.add(id(app))
+    governance.signals_connected = True
 
     def on_init(sender: Any = None, **_: Any) -> None:  # the worker's main process, pre-fork
         if getattr(sender, "app", app) is app:
