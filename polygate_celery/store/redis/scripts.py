@@ -23,11 +23,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
-from polygate_celery.core.outcome import RateLimits
-from polygate_celery.core.quota import WINDOW_S, counts_in_windows
+from polygate_celery.core.quota import WINDOW_S
 from polygate_celery.core.terms import SourceTerms
-from polygate_celery.store.base import AdmitRequest, Settlement
-from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
+from polygate_celery.store.base import AdmitRequest
+from polygate_celery.store.redis.codec import fmt
 from polygate_celery.store.redis.connect import AsyncClient
 from polygate_celery.store.redis.errors import bad_reply, reading, translated
 from polygate_celery.store.redis.keys import KeySpace
@@ -37,11 +36,6 @@ PROGRESS_TTL_S = 3600.0
 _COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
 _SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "quota")
 _ANY = translated()  # a script of another layer's: the message is Redis's own
-_BREAKER_CHANGES: dict[str, BreakerChange] = {
-    "opened": "opened",
-    "reopened": "reopened",
-    "closed": "closed",
-}
 
 
 def _flags(reply: Any, n: int, name: str, *, followed: bool = False) -> list[bool]:
@@ -52,53 +46,6 @@ def _flags(reply: Any, n: int, name: str, *, followed: bool = False) -> list[boo
     if len(flags) != n or (not followed and len(reply) != n):
         raise bad_reply(name, reply)
     return flags
-
-
-def _changes_reply(reply: list[Any], settlement: Settlement) -> Any:
-    """Log the state changes settle.lua reported (see its header); its result."""
-    with reading("settle", reply):
-        result, breaker, open_for, pause, gate = reply
-        mode = breaker.decode() if isinstance(breaker, bytes) else str(breaker)
-        fresh = pause.decode() if isinstance(pause, bytes) else str(pause)
-        changes = SettleChanges(
-            breaker=_BREAKER_CHANGES.get(mode),
-            open_for_s=float(open_for),
-            paused_for_s=float(fresh) if fresh else None,
-            gate_opened=gate in (b"1", "1"),
-        )
-    log_changes(settlement, changes)
-    return result
-
-
-def _fmt(x: float) -> str:
-    return repr(float(x))
-
-
-_NOT_ANNOUNCED = (b"0", b"0")
-
-
-def _announced(limits: RateLimits | None) -> tuple[bytes, ...]:
-    """The provider's announced limits as settle.lua reads them (a limit of 0: none), then
-    the requests reset and whether it shows a window (see settle.lua)."""
-
-    def pair(limit: int | None, remaining: int | None) -> tuple[bytes, bytes]:
-        if not limit or limit <= 0 or remaining is None:
-            return _NOT_ANNOUNCED
-        return str(limit).encode(), str(remaining).encode()
-
-    if limits is None:
-        return (*_NOT_ANNOUNCED * 2, b"", b"")
-    shown = counts_in_windows(
-        limits.requests_limit, limits.requests_remaining, limits.requests_reset_s
-    )
-    window: tuple[bytes, bytes] = (b"", b"")
-    if shown is not None and limits.requests_reset_s is not None:
-        window = (_fmt(limits.requests_reset_s).encode(), b"1" if shown else b"0")
-    return (
-        *pair(limits.requests_limit, limits.requests_remaining),
-        *pair(limits.tokens_limit, limits.tokens_remaining),
-        *window,
-    )
 
 
 class LuaScript:
@@ -160,7 +107,7 @@ class _Encoded:
         rpm = (quota.rpm or 0) if quota else 0
         tpm = (quota.tpm or 0) if quota else 0
         declared = quota.rpm_window if quota else None
-        window = {"sliding": _fmt(WINDOW_S), "bucket": "0", None: "-1"}[declared]
+        window = {"sliding": fmt(WINDOW_S), "bucket": "0", None: "-1"}[declared]
         initial = terms.aimd.initial_limit or 0
         breaker, aimd = terms.breaker, terms.aimd
         group = quota.name if quota else None
@@ -176,14 +123,14 @@ class _Encoded:
         admit = (terms.name, terms.max_concurrency, initial, rpm, tpm, window)
         settle = (
             breaker.failure_threshold,
-            _fmt(breaker.cooldown_s),
-            _fmt(breaker.auth_cooldown_s),
+            fmt(breaker.cooldown_s),
+            fmt(breaker.auth_cooldown_s),
             terms.max_concurrency,
-            _fmt(aimd.increase),
-            _fmt(aimd.decrease_factor),
+            fmt(aimd.increase),
+            fmt(aimd.decrease_factor),
             initial,
             tpm,
-            _fmt(PROGRESS_TTL_S),
+            fmt(PROGRESS_TTL_S),
         )
         return cls(
             keys=(permits, state, quota_key, log, queue, alive),
