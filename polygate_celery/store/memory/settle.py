@@ -14,9 +14,9 @@ from polygate_celery.clock import Clock
 from polygate_celery.core.aimd import aimd_on_congestion, aimd_on_success
 from polygate_celery.core.breaker import Effect, breaker_settle
 from polygate_celery.core.quota import gcra_settle
-from polygate_celery.store.base import Settlement
+from polygate_celery.store.base import GATE_KEPT_S, Settlement
 from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
-from polygate_celery.store.memory.state import GATE_KEPT_S, Ledger
+from polygate_celery.store.memory.state import Ledger
 
 
 def settle(ledger: Ledger, settlement: Settlement, clock: Clock) -> bool:

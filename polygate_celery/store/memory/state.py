@@ -20,12 +20,6 @@ from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.memory.learned import Learned
 from polygate_celery.store.releases import ReleaseHub
 
-# How long a gate that opened by time stays on record as its scope's stall (as gate.lua's
-# key expiry): a later close within it is the same outage, and a success ends it.
-GATE_KEPT_S = 60.0
-
-PROGRESS_TTL_S = 3600.0
-
 
 @dataclass
 class SourceState:

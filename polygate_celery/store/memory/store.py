@@ -19,6 +19,8 @@ from polygate_celery.core.quota import gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.admit import carry_out
 from polygate_celery.store.base import (
+    GATE_KEPT_S,
+    PROGRESS_TTL_S,
     AdmitRequest,
     Denial,
     Grant,
@@ -29,8 +31,6 @@ from polygate_celery.store.base import (
 from polygate_celery.store.memory.admit import admit as decide_admit
 from polygate_celery.store.memory.settle import settle as record_settle
 from polygate_celery.store.memory.state import (
-    GATE_KEPT_S,
-    PROGRESS_TTL_S,
     Gate,
     Ledger,
     QuotaState,

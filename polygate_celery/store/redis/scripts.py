@@ -23,18 +23,30 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
-from polygate_celery.core.quota import WINDOW_S
+from polygate_celery.core.quota import (
+    ARRIVAL_MARGIN_S,
+    BOOKING_SLACK_S,
+    LEARNED_TTL_S,
+    RESET_EVIDENCE_S,
+    WINDOW_KEPT_S,
+    WINDOW_S,
+)
 from polygate_celery.core.terms import SourceTerms
-from polygate_celery.store.base import AdmitRequest
+from polygate_celery.store.base import GATE_KEPT_S, PROGRESS_TTL_S, AdmitRequest
 from polygate_celery.store.redis.codec import fmt
 from polygate_celery.store.redis.connect import AsyncClient
 from polygate_celery.store.redis.errors import bad_reply, reading, translated
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.redis.wire import Command, KeptConnections
 
-PROGRESS_TTL_S = 3600.0
 _COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
 _SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "quota")
+# What core's and the store's constants admit.lua and settle.lua read (their headers):
+# sent with the terms, packed once, so each script has one source for each.
+_ADMIT_CONSTANTS = tuple(
+    fmt(x).encode() for x in (LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S, BOOKING_SLACK_S)
+)
+_SETTLE_CONSTANTS = tuple(fmt(x) for x in (LEARNED_TTL_S, RESET_EVIDENCE_S, GATE_KEPT_S))
 _ANY = translated()  # a script of another layer's: the message is Redis's own
 
 
@@ -131,6 +143,7 @@ class _Encoded:
             initial,
             tpm,
             fmt(PROGRESS_TTL_S),
+            *_SETTLE_CONSTANTS,
         )
         return cls(
             keys=(permits, state, quota_key, log, queue, alive),
@@ -200,6 +213,7 @@ class _Commands:
             return cached[1]
         keys: list[bytes] = []
         tail = [self._lease_arg, self._origin.encode(), self.keys.wake.encode()]
+        tail += _ADMIT_CONSTANTS
         for terms in candidates:
             encoded = self._encoded(terms)
             keys += encoded.keys

@@ -28,10 +28,12 @@ from redis.asyncio import Redis
 from polygate_celery.clock import Clock
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import StoreConfig
-from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
+from polygate_celery.core.quota import LEARNED_TTL_S, WINDOW_S, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.admit import carry_out
 from polygate_celery.store.base import (
+    GATE_KEPT_S,
+    PROGRESS_TTL_S,
     AdmitRequest,
     Denial,
     Grant,
@@ -52,7 +54,6 @@ from polygate_celery.store.redis.errors import bad_reply, reading
 from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.redis.scripts import (
-    PROGRESS_TTL_S,
     LuaScript,
     _Commands,
     _flags,
@@ -62,6 +63,9 @@ from polygate_celery.store.redis.scripts import (
 )
 from polygate_celery.store.redis.wakeups import _WakeUps
 from polygate_celery.store.releases import ReleaseHub, Watch
+
+_GATE_KEPT = fmt(GATE_KEPT_S)
+_LEARNED_TTL = fmt(LEARNED_TTL_S)
 
 __all__ = ["PROGRESS_TTL_S", "LuaScript", "RedisStore", "lua_text", "run_script"]
 
@@ -238,7 +242,7 @@ class RedisStore:
         call_id: str = "",
         error: str | None = None,
     ) -> bool:
-        closing = ["close", fmt(seconds), "1" if reset else "0", call_id, error or ""]
+        closing = ["close", fmt(seconds), "1" if reset else "0", call_id, error or "", _GATE_KEPT]
         return (
             str(await self._scripts.run("gate", [self.keys.gate(scope)], [self._now(), *closing]))
             == "1"
@@ -284,6 +288,7 @@ class RedisStore:
             "snapshot",
             source.max_concurrency,
             source.aimd.initial_limit or 0,
+            _LEARNED_TTL,
         ]
         reply = await self._scripts.run("source", keys, args)
         with reading("snapshot", reply):
