@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from types import TracebackType
 from typing import Literal, Protocol, Self, runtime_checkable
 
@@ -22,7 +23,25 @@ from polygate_celery.core.breaker import BreakerMode, Effect
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 
+# How long a scope's last success counts (`Store.progress_age_s`: older is none).
+PROGRESS_TTL_S = 3600.0
+
+# How long a gate that opened by time stays on record as its scope's stall: a later
+# close within it is the same outage, and a success ends it (`Store.close_gate`).
+GATE_KEPT_S = 60.0
+
 BlockReason = Literal["paused", "breaker_open", "probe_in_flight", "at_capacity", "quota"]
+
+
+class WaitMode(Enum):
+    """How a caller refused at admission waits (`AdmitRequest.wait`), and so where the
+    store must look for what a past refusal left it: a place in a queue, a permit handed
+    to it, a booked quota slot."""
+
+    NONE = "none"  # it does not wait (no claim, or no call id): nothing is kept for it
+    JOIN = "join"  # it waits, and is in no queue (not refused since its last grant)
+    QUEUED = "queued"  # it waits, and may be queued: a permit may have been handed to it
+    BOOKED = "booked"  # likewise, and it may hold a booked quota slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +65,8 @@ class AdmitRequest:
     time; one not used within its claim after the slot lapses (its units stay spent).
     `booked` False says the caller holds no booking (it was told of none since its last
     grant): the store need not look for one.
+
+    Stores read these four fields together, as `wait` (a `WaitMode`), never one by one.
     """
 
     scope: str
@@ -59,6 +80,15 @@ class AdmitRequest:
     queued: bool = True
     book_within_s: float = 0.0
     booked: bool = True
+
+    @property
+    def wait(self) -> WaitMode:
+        """The flags read together: how this caller waits if refused."""
+        if self.claim_s <= 0 or not self.call_id:
+            return WaitMode.NONE
+        if not self.queued:
+            return WaitMode.JOIN
+        return WaitMode.BOOKED if self.booked else WaitMode.QUEUED
 
 
 @dataclass(frozen=True, slots=True)

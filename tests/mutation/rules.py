@@ -105,17 +105,17 @@ MUTATIONS = (
     Mutation(
         "arrival-margin",
         "a quota bucket charges an admission as arriving ARRIVAL_MARGIN_S late (Redis)",
-        "polygate_celery/store/redis/lua/admit.lua",
-        "return math.max(tat, now + MARGIN_S) + charge, nil",
+        "polygate_celery/store/redis/lua/gcra.lua",
+        "return math.max(tat, now + margin) + charge, nil",
         "return math.max(tat, now) + charge, nil",
         ("tests/unit/store/test_store_contract_state.py",),
     ),
     Mutation(
         "quota-booking",
         "a caller waiting for a quota bucket books its slot and is admitted there (Redis)",
-        "polygate_celery/store/redis/lua/admit.lua",
-        "  if best_slot - now <= book_within then",
-        "  if false then",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "  if best_slot - now > book_within then return nil end",
+        "  if true then return nil end",
         (
             "tests/unit/store/test_store_contract_bookings.py",
             "tests/integration/test_fleet_wakeups.py",

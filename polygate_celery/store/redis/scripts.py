@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -20,28 +19,35 @@ from typing import Any
 import redis as sync
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from polygate_celery.clock import Clock, WaitsForIO
-from polygate_celery.core.outcome import RateLimits
-from polygate_celery.core.quota import WINDOW_S, counts_in_windows
+from polygate_celery.core.quota import (
+    ARRIVAL_MARGIN_S,
+    BOOKING_SLACK_S,
+    LEARNED_TTL_S,
+    RESET_EVIDENCE_S,
+    WINDOW_KEPT_S,
+    WINDOW_S,
+)
 from polygate_celery.core.terms import SourceTerms
-from polygate_celery.store.base import AdmitRequest, Settlement
-from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
+from polygate_celery.store.base import GATE_KEPT_S, PROGRESS_TTL_S, AdmitRequest
+from polygate_celery.store.redis.codec import fmt
 from polygate_celery.store.redis.connect import AsyncClient
 from polygate_celery.store.redis.errors import bad_reply, reading, translated
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.redis.wire import Command, KeptConnections
 
-PROGRESS_TTL_S = 3600.0
 _COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
 _SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "quota")
+# What core's and the store's constants admit.lua and settle.lua read (their headers):
+# sent with the terms, packed once, so each script has one source for each.
+_ADMIT_CONSTANTS = tuple(
+    fmt(x).encode() for x in (LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S, BOOKING_SLACK_S)
+)
+_SETTLE_CONSTANTS = tuple(fmt(x) for x in (LEARNED_TTL_S, RESET_EVIDENCE_S, GATE_KEPT_S))
 _ANY = translated()  # a script of another layer's: the message is Redis's own
-_BREAKER_CHANGES: dict[str, BreakerChange] = {
-    "opened": "opened",
-    "reopened": "reopened",
-    "closed": "closed",
-}
 
 
 def _flags(reply: Any, n: int, name: str, *, followed: bool = False) -> list[bool]:
@@ -54,70 +60,28 @@ def _flags(reply: Any, n: int, name: str, *, followed: bool = False) -> list[boo
     return flags
 
 
-def _changes_reply(reply: list[Any], settlement: Settlement) -> Any:
-    """Log the state changes settle.lua reported (see its header); its result."""
-    with reading("settle", reply):
-        result, breaker, open_for, pause, gate = reply
-        mode = breaker.decode() if isinstance(breaker, bytes) else str(breaker)
-        fresh = pause.decode() if isinstance(pause, bytes) else str(pause)
-        changes = SettleChanges(
-            breaker=_BREAKER_CHANGES.get(mode),
-            open_for_s=float(open_for),
-            paused_for_s=float(fresh) if fresh else None,
-            gate_opened=gate in (b"1", "1"),
-        )
-    log_changes(settlement, changes)
-    return result
-
-
-def _fmt(x: float) -> str:
-    return repr(float(x))
-
-
-_NOT_ANNOUNCED = (b"0", b"0")
-
-
-def _announced(limits: RateLimits | None) -> tuple[bytes, ...]:
-    """The provider's announced limits as settle.lua reads them (a limit of 0: none), then
-    the requests reset and whether it shows a window (see settle.lua)."""
-
-    def pair(limit: int | None, remaining: int | None) -> tuple[bytes, bytes]:
-        if not limit or limit <= 0 or remaining is None:
-            return _NOT_ANNOUNCED
-        return str(limit).encode(), str(remaining).encode()
-
-    if limits is None:
-        return (*_NOT_ANNOUNCED * 2, b"", b"")
-    shown = counts_in_windows(
-        limits.requests_limit, limits.requests_remaining, limits.requests_reset_s
-    )
-    window: tuple[bytes, bytes] = (b"", b"")
-    if shown is not None and limits.requests_reset_s is not None:
-        window = (_fmt(limits.requests_reset_s).encode(), b"1" if shown else b"0")
-    return (
-        *pair(limits.requests_limit, limits.requests_remaining),
-        *pair(limits.tokens_limit, limits.tokens_remaining),
-        *window,
-    )
-
-
 class LuaScript:
-    """A Lua script run by SHA; loaded again when the server does not know it.
+    """A Lua script run by SHA with redis-py's own script objects (``EVALSHA``, loaded
+    again on ``NOSCRIPT``), on whichever client a call names; admit and settle send the
+    same SHA on the store's own path (`_Scripts.send`, wire.py), measured faster."""
 
-    (redis-py's `AsyncScript` does the same, at about 20 microseconds more per
-    call, a sixth of a loopback round trip.)
-    """
-
-    __slots__ = ("sha", "sha_bytes", "text")
+    __slots__ = ("_async", "_blocking", "sha_bytes", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.sha = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+        # No registered client: each call names its own (the script is given as bytes,
+        # so redis-py needs no client's encoder to hash it).
+        self._async = AsyncScript(None, text.encode())  # type: ignore[arg-type]
+        self._blocking = Script(None, text.encode())  # type: ignore[arg-type]
         self.sha_bytes = self.sha.encode()
 
+    @property
+    def sha(self) -> str:
+        return str(self._async.sha)
+
     async def load(self, client: Redis) -> None:
-        """Load the script into the server (after ``NOSCRIPT``)."""
-        self.sha = await client.script_load(self.text)
+        """Load the script into the server (after ``NOSCRIPT`` on the store's own path)."""
+        self._async.sha = await client.script_load(self.text)
         self.sha_bytes = self.sha.encode()
 
     async def run(
@@ -126,11 +90,7 @@ class LuaScript:
         keys: Sequence[str | bytes],
         args: Sequence[str | bytes | int | float],
     ) -> Any:
-        try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.load(client)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        return await self._async(keys, args, client=client)
 
     def run_blocking(
         self, client: sync.Redis, keys: Sequence[str], args: Sequence[str | int | float]
@@ -138,12 +98,7 @@ class LuaScript:
         """`run` on a blocking client; any failure of Redis is a `GovernanceBackendError`
         (`errors.translated`)."""
         with _ANY:
-            try:
-                return client.evalsha(self.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                self.sha = client.script_load(self.text)
-                self.sha_bytes = self.sha.encode()
-                return client.evalsha(self.sha, len(keys), *keys, *args)
+            return self._blocking(keys, args, client=client)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +115,7 @@ class _Encoded:
         rpm = (quota.rpm or 0) if quota else 0
         tpm = (quota.tpm or 0) if quota else 0
         declared = quota.rpm_window if quota else None
-        window = {"sliding": _fmt(WINDOW_S), "bucket": "0", None: "-1"}[declared]
+        window = {"sliding": fmt(WINDOW_S), "bucket": "0", None: "-1"}[declared]
         initial = terms.aimd.initial_limit or 0
         breaker, aimd = terms.breaker, terms.aimd
         group = quota.name if quota else None
@@ -176,14 +131,15 @@ class _Encoded:
         admit = (terms.name, terms.max_concurrency, initial, rpm, tpm, window)
         settle = (
             breaker.failure_threshold,
-            _fmt(breaker.cooldown_s),
-            _fmt(breaker.auth_cooldown_s),
+            fmt(breaker.cooldown_s),
+            fmt(breaker.auth_cooldown_s),
             terms.max_concurrency,
-            _fmt(aimd.increase),
-            _fmt(aimd.decrease_factor),
+            fmt(aimd.increase),
+            fmt(aimd.decrease_factor),
             initial,
             tpm,
-            _fmt(PROGRESS_TTL_S),
+            fmt(PROGRESS_TTL_S),
+            *_SETTLE_CONSTANTS,
         )
         return cls(
             keys=(permits, state, quota_key, log, queue, alive),
@@ -253,6 +209,7 @@ class _Commands:
             return cached[1]
         keys: list[bytes] = []
         tail = [self._lease_arg, self._origin.encode(), self.keys.wake.encode()]
+        tail += _ADMIT_CONSTANTS
         for terms in candidates:
             encoded = self._encoded(terms)
             keys += encoded.keys

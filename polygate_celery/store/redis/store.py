@@ -28,36 +28,44 @@ from redis.asyncio import Redis
 from polygate_celery.clock import Clock
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import StoreConfig
-from polygate_celery.core.quota import WINDOW_S, gcra_spent, requests_spent
+from polygate_celery.core.quota import LEARNED_TTL_S, WINDOW_S, gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store.admit import carry_out
 from polygate_celery.store.base import (
+    GATE_KEPT_S,
+    PROGRESS_TTL_S,
     AdmitRequest,
-    BlockReason,
     Denial,
     Grant,
     QuotaSnapshot,
     Settlement,
     SourceSnapshot,
+    WaitMode,
 )
-from polygate_celery.store.changes import log_half_open
+from polygate_celery.store.redis.codec import (
+    decode_admit,
+    decode_settle,
+    encode_admit,
+    encode_settle,
+    fmt,
+)
 from polygate_celery.store.redis.connect import AsyncClient, governance_client, redis_client
 from polygate_celery.store.redis.errors import bad_reply, reading
 from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.redis.scripts import (
-    PROGRESS_TTL_S,
     LuaScript,
-    _announced,
-    _changes_reply,
     _Commands,
     _flags,
-    _fmt,
     _Scripts,
     lua_text,
     run_script,
 )
 from polygate_celery.store.redis.wakeups import _WakeUps
 from polygate_celery.store.releases import ReleaseHub, Watch
+
+_GATE_KEPT = fmt(GATE_KEPT_S)
+_LEARNED_TTL = fmt(LEARNED_TTL_S)
 
 __all__ = ["PROGRESS_TTL_S", "LuaScript", "RedisStore", "lua_text", "run_script"]
 
@@ -90,7 +98,7 @@ class RedisStore:
         self._clock = clock
         self._scripts = _Scripts(client, clock)
         self._origin = uuid.uuid4().hex[:12]
-        self._commands = _Commands(self.keys, _fmt(lease_s).encode(), self._origin)
+        self._commands = _Commands(self.keys, fmt(lease_s).encode(), self._origin)
         self._releases = ReleaseHub()
         self._wakeups = _WakeUps(
             client, self.keys, self._origin, self._releases, self._scripts.warm
@@ -138,85 +146,22 @@ class RedisStore:
     # -- the protocol --------------------------------------------------------------
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
-        waits = b"0"
-        if request.claim_s > 0 and request.call_id:
-            waits = (b"3" if request.booked else b"2") if request.queued else b"1"
-        args = (
-            self._now_arg(),
-            request.permit_id.encode(),
-            str(request.est_tokens).encode(),
-            request.call_id.encode(),
-            waits,
-            _fmt(request.probe_lease_s).encode() if request.gate else b"",
-            _fmt(request.claim_s).encode(),
-            _fmt(request.book_within_s).encode() if request.book_within_s > 0 else b"",
-        )
+        args = encode_admit(request, self._now_arg())
         reply = await self._scripts.send("admit", self._commands.admit(request), args)
-        with reading("admit", reply):
-            kind = int(reply[0])
-            if kind in (1, 4):  # 4: the source's half-open probe (turned, open_s, error)
-                handed = reply[6:] if kind == 4 else reply[3:]
-                for call_id, source in zip(handed[::2], handed[1::2], strict=True):
-                    self._releases.wake_call(str(call_id), str(source))  # handed on, here
-                if kind == 4 and str(reply[3]) == "1":  # this admission turned it half-open
-                    log_half_open(
-                        str(reply[1]), float(reply[4]) if reply[4] else None, str(reply[5]) or None
-                    )
-                return Grant(
-                    str(reply[1]),
-                    request.permit_id,
-                    float(reply[2]),
-                    self.lease_s,
-                    probe=kind == 4,
-                )
-            if kind == 2:
-                gated = float(reply[1])
-                said = str(reply[3]) if len(reply) > 3 else ""
-                return Denial(
-                    gated,
-                    (),
-                    gated_for_s=gated,
-                    gated_reset=str(reply[2]) == "1",
-                    gated_error=said or None,
-                )
-            if waits != b"0":
-                self._wakeups.listen()  # someone here is about to wait
-            booked = kind == 3  # then the slot it booked comes next
-            named = reply[3:] if booked else reply[2:]
-            names, said = named[::3], named[2::3]
-            reasons: list[tuple[str, BlockReason]] = [
-                (str(name), reason) for name, reason in zip(names, named[1::3], strict=True)
-            ]
-            errors = tuple((str(name), str(e)) for name, e in zip(names, said, strict=True) if e)
-            if waits != b"0" and any(reason == "at_capacity" for _, reason in reasons):
+        answer = carry_out(decode_admit(reply, request, self.lease_s), self._releases)
+        waits = request.wait is not WaitMode.NONE
+        if waits and isinstance(answer, Denial) and answer.gated_for_s is None:
+            self._wakeups.listen()  # someone here is about to wait
+            if any(reason == "at_capacity" for _, reason in answer.blocked):
                 self._releases.note_queued(request.call_id)
-            return Denial(
-                float(reply[1]) if reply[1] else None,
-                tuple(reasons),
-                booked_in_s=float(reply[2]) if booked else None,
-                errors=errors,
-            )
+        return answer
 
     async def settle(self, settlement: Settlement) -> bool:
         terms = settlement.source
-        pause = settlement.pause_s
-        args = (
-            self._now_arg(),
-            settlement.permit_id.encode(),
-            settlement.effect.value.encode(),
-            b"1" if settlement.congested else b"0",
-            _fmt(pause).encode() if pause is not None and math.isfinite(pause) else b"",
-            str(settlement.est_tokens).encode(),
-            str(settlement.used_tokens).encode(),
-            _fmt(settlement.admitted_at).encode(),
-            *_announced(settlement.limits),
-            (settlement.error or "").encode(),
-        )
-        reply = await self._scripts.send(
-            "settle", self._commands.settle(settlement.scope, terms), args
-        )
-        if isinstance(reply, list):  # a state change, which this process logs for the fleet
-            reply = _changes_reply(reply, settlement)
+        command = self._commands.settle(settlement.scope, terms)
+        args = encode_settle(settlement, self._now_arg())
+        reply = await self._scripts.send("settle", command, args)
+        reply = decode_settle(reply, settlement)  # a state change is logged here for the fleet
         if isinstance(reply, str) and reply not in ("0", "1"):
             self._releases.wake_call(reply, terms.name)  # a waiter here: no message
             return True
@@ -236,7 +181,7 @@ class RedisStore:
         for batch in by_tag.values():
             args: list[str | int | float] = [self._now()]
             for i in batch:
-                args += [leases[i][1], _fmt(leases[i][2])]
+                args += [leases[i][1], fmt(leases[i][2])]
             reply = await self._scripts.run("renew", [keys[i] for i in batch], args)
             for i, answer in zip(batch, _flags(reply, len(batch), "renew"), strict=True):
                 held[i] = answer
@@ -264,7 +209,7 @@ class RedisStore:
                 ]
                 args += [name, terms.max_concurrency, terms.aimd.initial_limit or 0, len(indices)]
                 for i in indices:
-                    args += [places[i][1], _fmt(places[i][2])]
+                    args += [places[i][1], fmt(places[i][2])]
                 order += indices
             reply = await self._scripts.run("keep", keys, args)
             flags = _flags(reply, len(order), "keep", followed=True)
@@ -279,14 +224,14 @@ class RedisStore:
 
     async def progress_age_s(self, scope: str) -> float:
         reply = await self._scripts.run(
-            "progress", [self.keys.progress(scope)], [self._now(), "age", _fmt(PROGRESS_TTL_S)]
+            "progress", [self.keys.progress(scope)], [self._now(), "age", fmt(PROGRESS_TTL_S)]
         )
         with reading("progress", reply):
             return math.inf if reply == "" else float(reply)
 
     async def mark_progress(self, scope: str) -> None:
         await self._scripts.run(
-            "progress", [self.keys.progress(scope)], [self._now(), "mark", _fmt(PROGRESS_TTL_S)]
+            "progress", [self.keys.progress(scope)], [self._now(), "mark", fmt(PROGRESS_TTL_S)]
         )
 
     async def close_gate(
@@ -297,7 +242,7 @@ class RedisStore:
         call_id: str = "",
         error: str | None = None,
     ) -> bool:
-        closing = ["close", _fmt(seconds), "1" if reset else "0", call_id, error or ""]
+        closing = ["close", fmt(seconds), "1" if reset else "0", call_id, error or "", _GATE_KEPT]
         return (
             str(await self._scripts.run("gate", [self.keys.gate(scope)], [self._now(), *closing]))
             == "1"
@@ -310,7 +255,7 @@ class RedisStore:
 
     async def pause_source(self, source: str, seconds: float) -> None:
         keys = [self.keys.permits(source), self.keys.state(source)]
-        await self._scripts.run("source", keys, [self._now(), "pause", _fmt(seconds)])
+        await self._scripts.run("source", keys, [self._now(), "pause", fmt(seconds)])
 
     async def resume_source(self, source: str) -> None:
         keys = [self.keys.permits(source), self.keys.state(source)]
@@ -322,7 +267,7 @@ class RedisStore:
 
     async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
         keys = [self.keys.quota(quota.name), self.keys.quota_log(quota.name)]
-        reply = await self._scripts.run("quota", keys, [self._now(), _fmt(WINDOW_S)])
+        reply = await self._scripts.run("quota", keys, [self._now(), fmt(WINDOW_S)])
         with reading("quota", reply):
             request_ahead_s, token_ahead_s, in_window = (float(x) for x in reply)
         return QuotaSnapshot(
@@ -343,6 +288,7 @@ class RedisStore:
             "snapshot",
             source.max_concurrency,
             source.aimd.initial_limit or 0,
+            _LEARNED_TTL,
         ]
         reply = await self._scripts.run("source", keys, args)
         with reading("snapshot", reply):
@@ -361,10 +307,10 @@ class RedisStore:
     # -- plumbing ------------------------------------------------------------------
 
     def _now(self) -> str:
-        return "" if self._clock is None else _fmt(self._clock.now())
+        return "" if self._clock is None else fmt(self._clock.now())
 
     def _now_arg(self) -> bytes:
-        return b"" if self._clock is None else _fmt(self._clock.now()).encode()
+        return b"" if self._clock is None else fmt(self._clock.now()).encode()
 
     @staticmethod
     def _int(reply: Any, name: str) -> int:

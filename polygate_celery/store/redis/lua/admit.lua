@@ -50,7 +50,9 @@
 --           as at that slot, and from the slot on it is admitted there uncharged
 -- ARGV[9]   lease seconds     ARGV[10]  the caller's origin (its process)
 -- ARGV[11]  the wake-up channel of origin X is this text followed by X
--- ARGV[12..17] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
+-- ARGV[12..15]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
+--           BOOKING_SLACK_S (packed once with the terms, scripts.py)
+-- ARGV[16..21] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
 --           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket;
 --           -1: not declared: as a bucket, or the provider's window while its answers
 --           show one (core.quota.window_take); else a sliding window of this length)
@@ -78,43 +80,24 @@
 --                                                         rate limits reset)
 -- Time: Redis TIME unless ARGV[1] is given. Commands: Redis 6.2 or later (ZMSCORE).
 -- Numbers handed to redis.call are written as %.17g, as fmt() does.
+-- Parts: the scope's gate (admit_gate), each candidate's breaker (admit_breaker) and
+-- quotas (admit_quota, gcra), the booking of a quota's slot (admit_booking), the
+-- hand-over of a permit to the next waiter (handover).
 
-local function fmt(x) return string.format('%.17g', x) end
-local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
-local WINDOW_KEPT_S = 300  -- as core.quota.WINDOW_KEPT_S
-local MARGIN_S = 0.5  -- as core.quota.ARRIVAL_MARGIN_S
-local SLACK_S = 0.01  -- as core.quota.BOOKING_SLACK_S
-local T = 11  -- the arguments before the candidates'
-
--- Seconds `cost` units move a TAT by (a cost above the limit is charged as the limit).
-local function charge_s(cost, limit)
-  return math.min(math.max(cost, 0), limit) * 60.0 / limit
-end
-
--- core.quota.gcra_reserve: checked as arriving now, charged as arriving MARGIN_S later.
-local function gcra(tat, now, cost, limit)
-  local charge = charge_s(cost, limit)
-  local over = math.max(tat - now, 0) + charge - 60.0  -- (exact for a full bucket)
-  if over > 0 then return tat, over end
-  return math.max(tat, now + MARGIN_S) + charge, nil
-end
-
--- The TAT after one admission of `cost`; the wait, if it may not, goes into `waits`.
-local function charge(waits, tat, now, cost, limit)
-  local new_tat, w = gcra(tat, now, cost, limit)
-  if w then waits[#waits + 1] = w end
-  return new_tat
-end
-
+-- include: clock
+-- include: gcra
 -- include: handover
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[12]), tonumber(ARGV[13])
+local MARGIN_S, SLACK_S = tonumber(ARGV[14]), tonumber(ARGV[15])
+local T = 15  -- the arguments before the candidates'
+
+-- include: admit_gate
+-- include: admit_breaker
+-- include: admit_quota
+-- include: admit_booking
+
+local now = store_now(ARGV[1])
 local permit, est, call, waits = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local n = (#ARGV - T) / 6
 local queued = waits == '2' or waits == '3'
@@ -156,19 +139,11 @@ local function held_already()  -- asked at most once
 end
 
 if ARGV[6] ~= '' then
-  local gkey = KEYS[6 * n + 1]
-  local g = redis.call('HMGET', gkey, 'until', 'probe', 'probe_until', 'reset', 'error')
-  local closed_until = tonumber(g[1])
-  -- a gate open by time stays on record (its key expires a minute on): a success ends
-  -- the stall it records, and says so (settle.lua); a later close is the same outage
-  if closed_until and closed_until > now then
+  local function held()
     if held_already() then return {1, ARGV[T + 1], fmt(now)} end
-    if not g[2] or g[2] == call or tonumber(g[3] or '-1e300') <= now then
-      redis.call('HSET', gkey, 'probe', call, 'probe_until', now + tonumber(ARGV[6]))
-    else
-      return {2, fmt(closed_until - now), g[4] or '0', g[5] or ''}
-    end
   end
+  local refusal = gate_refusal(KEYS[6 * n + 1], now, call, tonumber(ARGV[6]), held)
+  if refusal then return refusal end
 end
 
 local denial = {0, ''}
@@ -195,16 +170,6 @@ for i = 1, n do
   local in_windows = learned and window < 0 and tonumber(st[6] or '0') > 0 and st[13] ~= false
     and now - tonumber(st[13]) <= WINDOW_KEPT_S
   local mode = st[1] or 'closed'
-  local open_until = tonumber(st[2] or '0')
-  local probe = st[3]
-  if probe then
-    local lease_end = redis.call('ZSCORE', pkey, probe)
-    if not lease_end or tonumber(lease_end) <= now then
-      probe = false  -- the probe's lease ended: the half-open slot is free again
-      redis.call('HDEL', skey, 'probe')
-      if lease_end then redis.call('ZREM', pkey, st[3]) end
-    end
-  end
   if initial <= 0 then initial = cap end
   initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
   local limit = tonumber(st[4] or initial)
@@ -214,84 +179,19 @@ for i = 1, n do
   if paused_until > now then
     reasons[#reasons + 1] = 'paused'; known[#known + 1] = paused_until - now
   end
-  local take_probe, new_mode = false, mode
-  if mode == 'open' then
-    if now < open_until then
-      reasons[#reasons + 1] = 'breaker_open'; known[#known + 1] = open_until - now
-    else
-      take_probe, new_mode = true, 'half_open'
-    end
-  elseif mode == 'half_open' then
-    if probe then reasons[#reasons + 1] = 'probe_in_flight' else take_probe = true end
-  end
+  local take_probe, new_mode = breaker_says(pkey, skey, st, now, reasons, known)
   local permits = math.max(1, math.min(cap, math.floor(limit)))
   local in_use = redis.call('ZCARD', pkey)
   if in_use >= permits then  -- full: reclaim the leases expired by now, count again
     in_use = in_use - redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
   end
   if in_use >= permits then reasons[#reasons + 1] = 'at_capacity' end
-  local req_tat, tok_tat = nil, nil
-  local waits_s = {}  -- declared and learned quotas alike: one 'quota' reason
-  local dims = {}  -- the buckets an admission here is charged to: {tat, cost, limit, key, field}
   local slot = slot_of[i]
-  if slot then  -- its quota is paid: it may run from its slot on
-    if now + SLACK_S < slot then waits_s[1] = slot - now end
-    rpm, tpm, window = 0, 0, 0  -- nothing more to charge
-  end
-  if rpm > 0 or tpm > 0 then
-    local q = redis.call('HMGET', qkey, 'req', 'tok')
-    req_tat, tok_tat = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
-    if rpm > 0 and window <= 0 and not in_windows then
-      dims[#dims + 1] = {req_tat, 1, rpm, qkey, 'req'}
-    end
-    if tpm > 0 and est > 0 then dims[#dims + 1] = {tok_tat, est, tpm, qkey, 'tok'} end
-    if rpm > 0 and window > 0 then
-      local count = redis.call('ZCARD', lkey)
-      if count >= rpm then  -- full: drop what left the window, count again
-        count = count - redis.call('ZREMRANGEBYSCORE', lkey, '-inf', now - window)
-      end
-      local excess = count - rpm
-      if excess >= 0 then  -- the oldest `excess + 1` must leave the window first
-        local oldest = redis.call('ZRANGE', lkey, excess, excess, 'WITHSCORES')
-        waits_s[#waits_s + 1] = math.max(0, tonumber(oldest[2]) + window - now)
-      end
-      -- Charged to the bucket too, unenforced: workers that count rpm as a bucket
-      -- (during a rolling upgrade, or after a changed setting) see this admission.
-      req_tat = math.min(math.max(req_tat, now) + 60.0 / rpm, now + 60.0)
-    elseif rpm > 0 and in_windows then  -- the provider's window enforces it (below)
-      req_tat = math.min(math.max(req_tat, now) + 60.0 / rpm, now + 60.0)
-    elseif rpm > 0 then
-      req_tat = charge(waits_s, req_tat, now, 1, rpm)
-    end
-    if tpm > 0 and est > 0 then tok_tat = charge(waits_s, tok_tat, now, est, tpm) end
-  end
-  -- the provider's announced limits (learned at settle), beside any declared quota
-  local lrpm, ltpm, lreq, ltok = 0, 0, nil, nil
-  local wend, wleft = nil, nil  -- the provider's window, when an admission moves it
-  if not slot and learned then
-    lrpm, ltpm = tonumber(st[6] or '0'), tonumber(st[8] or '0')
-    lreq, ltok = tonumber(st[7] or '-1e300'), tonumber(st[9] or '-1e300')
-    if lrpm > 0 and not in_windows then dims[#dims + 1] = {lreq, 1, lrpm, skey, 'lreq'} end
-    if ltpm > 0 and est > 0 then dims[#dims + 1] = {ltok, est, ltpm, skey, 'ltok'} end
-    if in_windows then  -- core.quota.window_take: a lower declared rpm holds back the rest
-      local held_back = 0
-      if rpm > 0 then held_back = math.max(0, lrpm - rpm) end
-      wend, wleft = tonumber(st[11] or '-1e300'), tonumber(st[12] or '0')
-      if now >= wend then
-        wend, wleft = now + MARGIN_S + 60.0, lrpm - 1
-      elseif wleft - held_back >= 1 and now < wend - MARGIN_S then
-        wleft = wleft - 1
-      else
-        waits_s[#waits_s + 1] = wend - now
-      end
-    elseif lrpm > 0 then
-      lreq = charge(waits_s, lreq, now, 1, lrpm)
-      if st[11] and now < tonumber(st[11]) then  -- core.quota.window_charge: kept up to date
-        wend, wleft = tonumber(st[11]), math.max(0, tonumber(st[12] or '0') - 1)
-      end
-    end
-    if ltpm > 0 and est > 0 then ltok = charge(waits_s, ltok, now, est, ltpm) end
-  end
+  local c = {rpm = rpm, tpm = tpm, window = window, qkey = qkey, lkey = lkey, skey = skey}
+  local q = quota_says(c, st, now, est, slot, learned, in_windows)
+  local waits_s, dims = q.waits, q.dims
+  rpm, tpm, window = q.rpm, q.tpm, q.window
+  local lrpm, ltpm, lreq, ltok, wend, wleft = q.lrpm, q.ltpm, q.lreq, q.ltok, q.wend, q.wleft
   if #waits_s > 0 then
     reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits_s))
   end
@@ -345,7 +245,7 @@ for i = 1, n do
     if ltpm > 0 and est > 0 then fields[#fields + 1] = 'ltok'; fields[#fields + 1] = ltok end
     if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
     if slot then redis.call('ZREM', KEYS[6 * i], booked) end  -- paid when booked
-    if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', req_tat, 'tok', tok_tat) end
+    if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', q.req_tat, 'tok', q.tok_tat) end
     if rpm > 0 and window > 0 then
       redis.call('ZADD', lkey, now, permit)
       redis.call('PEXPIRE', lkey, math.ceil(window * 1000) + 1000)
@@ -388,25 +288,11 @@ if ahead ~= nil then
   table.insert(denial, 3, fmt(ahead))
 -- Else book the soonest slot the quota buckets of one candidate give (core.quota.gcra_book).
 elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == nil then
-  local best, best_slot = nil, nil
-  for _, b in ipairs(bookable) do
-    local at = now
-    for _, d in ipairs(b[2]) do
-      at = math.max(at, now + math.max(d[1] - now, 0) + charge_s(d[2], d[3]) - 60.0)
-    end
-    if best_slot == nil or at < best_slot then best, best_slot = b, at end
-  end
-  if best_slot - now <= book_within then
-    for _, d in ipairs(best[2]) do
-      local tat = math.max(d[1], best_slot + MARGIN_S) + charge_s(d[2], d[3])
-      redis.call('HSET', d[4], d[5], fmt(tat))
-    end
-    local alive = KEYS[6 * best[1]]
-    redis.call('ZREMRANGEBYSCORE', alive, '-inf', now)  -- lapsed bookings and claims
-    redis.call('ZADD', alive, best_slot + claim_s, booked)
-    if soonest == nil or best_slot - now < soonest then denial[2] = fmt(best_slot - now) end
+  local in_s = book(bookable, now, book_within, claim_s, booked)
+  if in_s then
+    if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end
     denial[1] = 3
-    table.insert(denial, 3, fmt(best_slot - now))
+    table.insert(denial, 3, fmt(in_s))
   end
 end
 return denial

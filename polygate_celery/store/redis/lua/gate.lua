@@ -11,25 +11,23 @@
 --          so one call at a time probes however many verdicts race
 -- ARGV[6]  close: the closing verdict's last error ("" for none: the one kept stays), told
 --          to the calls the gate refuses (admit.lua)
+-- ARGV[7]  close: seconds a gate open by time stays the outage's record (the key's TTL
+--          after it opens: the store's GATE_KEPT_S)
 -- Returns  close: "1" if no stall was on record (this call closed an open gate: the
 --          outage begins), else "0" (closed already, or closed again after opening by
---          time: the same outage). The key expires on its own a minute after the gate
+--          time: the same outage). The key expires on its own GATE_KEPT_S after the gate
 --          opened by time; a success deletes it (settle.lua).
 --          read: seconds it stays closed, "0" when open (read-only)
 -- Time: Redis TIME unless ARGV[1] is given.
 
-local function store_now(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+-- include: clock
 
 local now = store_now(ARGV[1])
 local closed_until = tonumber(redis.call('HGET', KEYS[1], 'until') or '-1e300')
 if ARGV[2] == 'read' then
-  return string.format('%.17g', math.max(0, closed_until - now))
+  return fmt(math.max(0, closed_until - now))
 end
-local KEPT_S = 60  -- a gate open by time stays the outage's record this long (the key's TTL)
+local KEPT_S = tonumber(ARGV[7])  -- a gate open by time stays the outage's record this long
 local was_open = closed_until + KEPT_S <= now
 local asked = now + tonumber(ARGV[3])
 if closed_until <= now then
@@ -43,8 +41,8 @@ else
 end
 if asked >= closed_until then
   closed_until = asked
-  redis.call('HSET', KEYS[1], 'until', string.format('%.17g', closed_until), 'reset', ARGV[4] or '0')
+  redis.call('HSET', KEYS[1], 'until', fmt(closed_until), 'reset', ARGV[4] or '0')
 end
 if (ARGV[6] or '') ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[6]) end
-redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now) + KEPT_S)
+redis.call('EXPIRE', KEYS[1], math.ceil(closed_until - now + KEPT_S))
 return was_open and '1' or '0'

@@ -22,15 +22,10 @@
 -- Commands: Redis 6.2 or later (ZADD GT).
 -- Time: Redis TIME unless ARGV[1] is given.
 
+-- include: clock
 -- include: handover
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+local now = store_now(ARGV[1])
 local origin, channel = ARGV[2], ARGV[3]
 local kept, wakes = {}, {}
 local a = 4

@@ -8,19 +8,15 @@
 --          mark: "0"
 -- Time: Redis TIME unless ARGV[1] is given.
 
-local function store_now(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+-- include: clock
 
 local now, ttl = store_now(ARGV[1]), tonumber(ARGV[3])
 if ARGV[2] == 'mark' then
-  redis.call('SET', KEYS[1], string.format('%.17g', now), 'EX', math.ceil(ttl))
+  redis.call('SET', KEYS[1], fmt(now), 'EX', math.ceil(ttl))
   return '0'
 end
 local marked = redis.call('GET', KEYS[1])
 if not marked then return '' end
 local age = now - tonumber(marked)
 if age >= ttl then return '' end
-return string.format('%.17g', math.max(0, age))
+return fmt(math.max(0, age))

@@ -9,15 +9,11 @@
 --          spent), and how many admissions the sliding window holds
 -- Time: Redis TIME unless ARGV[1] is given.
 
-local function store_now(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+-- include: clock
 
 local now = store_now(ARGV[1])
 local q = redis.call('HMGET', KEYS[1], 'req', 'tok')
 local req, tok = tonumber(q[1] or '-1e300'), tonumber(q[2] or '-1e300')
 local in_window = redis.call('ZCOUNT', KEYS[2], string.format('(%.17g', now - tonumber(ARGV[2])), '+inf')
-return {string.format('%.17g', math.max(0, req - now)),
-  string.format('%.17g', math.max(0, tok - now)), tostring(in_window)}
+return {fmt(math.max(0, req - now)),
+  fmt(math.max(0, tok - now)), tostring(in_window)}

@@ -7,11 +7,7 @@
 --          expired: an expired lease is removed, never revived)
 -- Time: Redis TIME unless ARGV[1] is given.
 
-local function store_now(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+-- include: clock
 
 local now = store_now(ARGV[1])
 local held = {}

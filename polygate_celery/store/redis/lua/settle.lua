@@ -42,6 +42,8 @@
 -- ARGV[19..27]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
 --          AIMD increase, AIMD decrease factor, AIMD initial (0: the cap); tpm (0: none);
 --          progress TTL seconds
+-- ARGV[28..30]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S
+--          (packed once with the terms, scripts.py)
 -- Returns  0 if the permit was not held; else it is released and, when the source can
 --          run another call, handed to the first live waiter of the source's queue
 --          (fleet-wide FIFO): 1 (no waiter, or one of another process, told by a message
@@ -51,25 +53,19 @@
 --          "reopened", "closed" or ""), seconds it stays open, a fresh pause's seconds
 --          ("" if none: the source was paused already, or no pause), "1" if it ended
 --          the scope's stall on record (its gate closed, or open by time for less
---          than gate.lua's KEPT_S) else "0"}: the settling process logs it, once fleet-wide.
+--          than GATE_KEPT_S) else "0"}: the settling process logs it, once fleet-wide.
 -- Time: Redis TIME unless ARGV[1] is given. Numbers handed to redis.call are written
 -- as %.17g.
 
-local LEARNED_TTL_S = 3600  -- as core.quota.LEARNED_TTL_S
-local EVIDENCE_S = 10  -- as core.quota.RESET_EVIDENCE_S
+-- include: clock
+-- include: gcra
 
--- seconds `cost` units move a TAT by, clamped to the limit (as admit.lua charges them)
-local function charge_s(cost, limit) return math.min(math.max(cost, 0), limit) * 60.0 / limit end
+local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[28]), tonumber(ARGV[29]),
+  tonumber(ARGV[30])
 
 local permit = ARGV[2]
 local held = redis.call('ZREM', KEYS[1], permit) == 1
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+local now = store_now(ARGV[1])
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted_at = tonumber(ARGV[8])
@@ -85,7 +81,7 @@ local function put(field, value) set[#set + 1] = field; set[#set + 1] = value en
 local paused_until = tonumber(a[1] or '-1e300')
 local pause = tonumber(ARGV[5])
 local fresh_pause = ''  -- a pause of a source that was not paused: news
-if pause and pause > 0 and paused_until <= now then fresh_pause = string.format('%.17g', pause) end
+if pause and pause > 0 and paused_until <= now then fresh_pause = fmt(pause) end
 local err, paused = ARGV[15], pause and pause > 0
 if paused then
   paused_until = math.max(paused_until, now + pause)
@@ -138,8 +134,8 @@ local gate_opened = '0'
 if effect == 'success' then
   redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[27])))
   local closed_until = redis.call('HGET', KEYS[5], 'until')
-  if closed_until then  -- a stall on record while within gate.lua's KEPT_S: it ends
-    if tonumber(closed_until) + 60 > now then gate_opened = '1' end
+  if closed_until then  -- a stall on record while within GATE_KEPT_S: it ends
+    if tonumber(closed_until) + GATE_KEPT_S > now then gate_opened = '1' end
     redis.call('DEL', KEYS[5])
   end
 end
@@ -147,7 +143,7 @@ local change, open_for = '', 0
 -- the reply: `result` alone, or with the changes an operator must hear of
 local function reply(result)
   if change == '' and fresh_pause == '' and gate_opened == '0' then return result end
-  return {result, change, string.format('%.17g', open_for), fresh_pause, gate_opened}
+  return {result, change, fmt(open_for), fresh_pause, gate_opened}
 end
 if not held and effect ~= 'success' then
   if #set > 0 then redis.call('HSET', skey, unpack(set)) end

@@ -10,6 +10,7 @@
 -- ARGV[2]  "pause", "resume", "reset" or "snapshot"
 -- ARGV[3]  pause: seconds;  snapshot: cap
 -- ARGV[4]  snapshot: initial AIMD limit (0: the cap)
+-- ARGV[5]  snapshot: core.quota.LEARNED_TTL_S (announced limits older are forgotten)
 -- Returns  pause, resume, reset: "0"
 --          snapshot: {live permits, permit limit, mode, failures, paused_for_s,
 --          learned rpm, learned tpm (0: none announced)}
@@ -18,13 +19,7 @@
 -- the permits, whose holders settle as usual, and the learned quota (the provider's).
 -- Time: Redis TIME unless ARGV[1] is given.
 
-local function store_now(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-
-local function fmt(x) return string.format('%.17g', x) end
+-- include: clock
 
 if ARGV[2] == 'resume' then
   redis.call('HDEL', KEYS[2], 'paused_until')
@@ -47,7 +42,7 @@ if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit', 'lrpm', 'ltpm', 'lseen')
 local limit = tonumber(st[3] or initial)
-if now - tonumber(st[6] or '-1e300') > 3600 then st[4], st[5] = false, false end  -- forgotten
+if now - tonumber(st[6] or '-1e300') > tonumber(ARGV[5]) then st[4], st[5] = false, false end
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. fmt(now), '+inf')
 return {live, math.max(1, math.min(cap, math.floor(limit))), st[1] or 'closed',
   tonumber(st[2] or '0'), fmt(math.max(0, paused_until - now)), st[4] or '0', st[5] or '0'}

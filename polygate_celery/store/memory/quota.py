@@ -1,0 +1,172 @@
+"""Store layer (memory): an admission's quotas, declared and learned, as admit.lua's.
+
+What a candidate's quotas say of an admission (`quota_say`: the waits of those
+that refuse it, else what admitting charges them), the charge itself, and the
+booking of a quota's slot by a caller refused by quota buckets alone
+(`core.quota.gcra_book`, see `AdmitRequest.book_within_s`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from polygate_celery.core.quota import (
+    BOOKING_SLACK_S,
+    gcra_book,
+    gcra_charge,
+    gcra_reserve,
+    window_wait,
+)
+from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
+from polygate_celery.store.base import AdmitRequest
+from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSay:
+    """What a candidate's quotas say: seconds until each that refuses may admit (one
+    ``"quota"`` reason each); else the new ``(request_tat, token_tat)`` of its declared
+    quota (None if it has none, or its slot is booked) and of its learned limits."""
+
+    waits: tuple[float, ...] = ()
+    declared: tuple[float, float] | None = None
+    learned: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Dim:
+    """One quota bucket a booking charges: its TAT, the cost, the limit, where it is kept."""
+
+    tat: float
+    cost: float
+    limit: int
+    holder: object
+    attribute: str
+
+    def charge(self, tat: float) -> None:
+        setattr(self.holder, self.attribute, tat)
+
+
+def quota_say(
+    ledger: Ledger,
+    terms: SourceTerms,
+    state: SourceState,
+    booking: list[float] | None,
+    est_tokens: int,
+    now: float,
+) -> QuotaSay:
+    """The declared and learned quotas' say of an admission at `terms`; nothing is
+    charged for a call whose slot is booked (its quota is paid: it may run from its slot
+    on)."""
+    if booking is not None:
+        return QuotaSay((booking[0] - now,)) if now + BOOKING_SLACK_S < booking[0] else QuotaSay()
+    waits: list[float] = []
+    declared = None
+    windows = state.learned.in_windows(now, follows_provider_windows(terms.quota))
+    if terms.quota is not None:
+        checked = _declared(ledger.quota(terms.quota.name), terms.quota, now, est_tokens, windows)
+        if isinstance(checked, float):
+            waits.append(checked)
+        else:
+            declared = checked
+    declared_rpm = terms.quota.rpm if terms.quota is not None else None
+    learned = state.learned.check(now, est_tokens, windows, declared_rpm)
+    if isinstance(learned, float):
+        return QuotaSay((*waits, learned), declared)
+    return QuotaSay(tuple(waits), declared, learned)
+
+
+def _declared(
+    state: QuotaState, quota: QuotaTerms, now: float, est_tokens: int, windows: bool
+) -> tuple[float, float] | float:
+    """New (request_tat, token_tat) if the quota admits, else seconds until it may.
+    With `windows`, its rpm is the provider's window's to enforce (`Learned.check`)."""
+    request_tat, token_tat = state.request_tat, state.token_tat
+    waits: list[float] = []
+    if quota.rpm is not None and quota.rpm_window == "sliding":
+        wait = window_wait(state.in_window(now), now, quota.rpm)
+        if wait is not None:
+            waits.append(wait)
+        request_tat = gcra_charge(request_tat, now, quota.rpm)  # for bucket readers
+    elif quota.rpm is not None and windows:
+        request_tat = gcra_charge(request_tat, now, quota.rpm)  # for bucket readers
+    elif quota.rpm is not None:
+        request_tat, wait = gcra_reserve(request_tat, now, 1, quota.rpm)
+        if wait is not None:
+            waits.append(wait)
+    if quota.tpm is not None and est_tokens > 0:
+        token_tat, wait = gcra_reserve(token_tat, now, est_tokens, quota.tpm)
+        if wait is not None:
+            waits.append(wait)
+    return max(waits) if waits else (request_tat, token_tat)
+
+
+def charge(
+    ledger: Ledger,
+    terms: SourceTerms,
+    state: SourceState,
+    permit_id: str,
+    say: QuotaSay,
+    now: float,
+) -> None:
+    """Record an admission: the permit, the learned and declared quotas' charges."""
+    state.permits.add(permit_id)
+    state.learned.take(say.learned)
+    if terms.quota is not None and say.declared is not None:
+        quota_state = ledger.quota(terms.quota.name)
+        quota_state.request_tat, quota_state.token_tat = say.declared
+        if terms.quota.rpm is not None and terms.quota.rpm_window == "sliding":
+            quota_state.admitted.append(now)
+
+
+def bookable(terms: SourceTerms, state: SourceState, now: float) -> bool:
+    """Whether a refusal at `terms` for quota may be booked: buckets only (a sliding
+    window's callers, and those of a provider's window, ask again when it moves)."""
+    quota = terms.quota
+    sliding = quota is not None and quota.rpm is not None and quota.rpm_window == "sliding"
+    return not sliding and not state.learned.in_windows(now, follows_provider_windows(quota))
+
+
+def book(
+    ledger: Ledger,
+    candidates: list[tuple[SourceTerms, SourceState]],
+    call_id: str,
+    request: AdmitRequest,
+    now: float,
+) -> float | None:
+    """Book the soonest slot the quotas of one candidate give, if soon enough: seconds
+    until it."""
+    best: tuple[float, list[float], list[_Dim], SourceState] | None = None
+    for terms, state in candidates:
+        dims = _dims(ledger, terms, state, request.est_tokens, now)
+        slot, tats = gcra_book([(d.tat, d.cost, d.limit) for d in dims], now)
+        if best is None or slot < best[0]:
+            best = (slot, tats, dims, state)
+    assert best is not None
+    slot, tats, dims, state = best
+    if slot - now > request.book_within_s:
+        return None
+    for dim, tat in zip(dims, tats, strict=True):
+        dim.charge(tat)
+    state.booked[call_id] = [slot, slot + request.claim_s]
+    return slot - now
+
+
+def _dims(
+    ledger: Ledger, terms: SourceTerms, state: SourceState, est_tokens: int, now: float
+) -> list[_Dim]:
+    """The quota buckets an admission at `terms` is charged to."""
+    dims: list[_Dim] = []
+    quota = terms.quota
+    if quota is not None:
+        qs = ledger.quota(quota.name)
+        if quota.rpm is not None:
+            dims.append(_Dim(qs.request_tat, 1, quota.rpm, qs, "request_tat"))
+        if quota.tpm is not None and est_tokens > 0:
+            dims.append(_Dim(qs.token_tat, est_tokens, quota.tpm, qs, "token_tat"))
+    # (a caller refused by a provider's window is not bookable: see `bookable`)
+    for dimension, bucket in state.learned.live(now).items():
+        cost = 1 if dimension == "req" else est_tokens
+        if cost > 0:
+            dims.append(_Dim(bucket.tat, cost, bucket.limit, bucket, "tat"))
+    return dims

@@ -1,0 +1,130 @@
+"""Store layer (memory): the state the in-memory store keeps, per source, quota, scope.
+
+Each record keeps what the Redis store keeps in its keys (see the scripts'
+headers): a source's breaker, adaptive limit, permits, pause, queue of waiting
+calls, permits handed to them, booked quota slots and last error; a quota's
+buckets and sliding window; a scope's gate and last success. `Ledger` holds them
+all, with the store's release hub.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from polygate_celery.core.aimd import AimdState, aimd_initial, aimd_permits
+from polygate_celery.core.breaker import BreakerState
+from polygate_celery.core.quota import WINDOW_S
+from polygate_celery.core.terms import SourceTerms
+from polygate_celery.store.memory.learned import Learned
+from polygate_celery.store.releases import ReleaseHub
+
+
+@dataclass
+class SourceState:
+    aimd: AimdState | None = None  # set from the source's terms on first use
+    breaker: BreakerState = field(default_factory=BreakerState)
+    permits: set[str] = field(default_factory=set)
+    paused_until: float = -math.inf
+    learned: Learned = field(default_factory=Learned)
+    # Waiting calls, first come first served: call id -> (end of its claim, claim_s);
+    # and permits a release handed to one of them: call id -> end of its claim.
+    queue: dict[str, tuple[float, float]] = field(default_factory=dict)
+    handed: dict[str, float] = field(default_factory=dict)
+    # Quota slots booked by waiting calls: call id -> [slot, end of its claim].
+    booked: dict[str, list[float]] = field(default_factory=dict)
+    # The source's last error (as settle.lua keeps it), and when its breaker last opened.
+    error: str | None = None
+    opened_at: float | None = None
+
+    def booking(self, call_id: str, now: float) -> list[float] | None:
+        """The call's booking here, unless it lapsed (then it is dropped)."""
+        booking = self.booked.get(call_id)
+        if booking is not None and booking[1] <= now:
+            del self.booked[call_id]
+            return None
+        return booking
+
+    def in_use(self, now: float) -> int:
+        """Permits held, and handed to waiters whose claim has not ended."""
+        for call_id, claim_end in list(self.handed.items()):
+            if claim_end <= now:
+                del self.handed[call_id]
+        return len(self.permits) + len(self.handed)
+
+    def first_live_waiter(self, now: float) -> tuple[str, float] | None:
+        """The first waiter whose claim has not ended, out of the queue, with its claim_s."""
+        while self.queue:
+            call_id = next(iter(self.queue))
+            claim_end, claim_s = self.queue.pop(call_id)
+            if claim_end > now:
+                return call_id, claim_s
+        return None
+
+
+@dataclass
+class Gate:
+    until: float
+    reset: bool = False
+    probe: str | None = None
+    probe_until: float = -math.inf
+    error: str | None = None
+
+
+@dataclass
+class QuotaState:
+    request_tat: float = -math.inf
+    token_tat: float = -math.inf
+    admitted: deque[float] = field(default_factory=deque)  # the sliding window's log
+
+    def in_window(self, now: float) -> deque[float]:
+        while self.admitted and self.admitted[0] <= now - WINDOW_S:
+            self.admitted.popleft()
+        return self.admitted
+
+
+@dataclass
+class Ledger:
+    """Everything the in-memory store keeps, and its release hub (which wakes callers)."""
+
+    sources: dict[str, SourceState] = field(default_factory=dict)
+    quotas: dict[str, QuotaState] = field(default_factory=dict)
+    progress: dict[str, float] = field(default_factory=dict)
+    gates: dict[str, Gate] = field(default_factory=dict)
+    releases: ReleaseHub = field(default_factory=ReleaseHub)
+
+    def source(self, terms: SourceTerms) -> SourceState:
+        """The source's state, its AIMD limit set from its terms on first use."""
+        state = self.sources.setdefault(terms.name, SourceState())
+        if state.aimd is None:
+            state.aimd = aimd_initial(terms.aimd, terms.max_concurrency)
+        return state
+
+    def quota(self, name: str) -> QuotaState:
+        return self.quotas.setdefault(name, QuotaState())
+
+    @staticmethod
+    def limit(state: SourceState, terms: SourceTerms) -> int:
+        """Permits the source may hold at once now (its AIMD limit, within its cap)."""
+        assert state.aimd is not None
+        return aimd_permits(state.aimd, terms.max_concurrency)
+
+    def hand_to_waiter(self, name: str, state: SourceState, now: float) -> str | None:
+        """Hand a free permit of `name` to its first live waiter, if any: its call id
+        (the caller wakes it)."""
+        head = state.first_live_waiter(now)
+        if head is None:
+            return None
+        call_id, claim_s = head
+        state.handed[call_id] = now + claim_s
+        return call_id
+
+    def hand_on(self, name: str, state: SourceState, now: float) -> None:
+        """A permit of `name` is free: hand it to the first live waiter and wake it, else
+        wake a watch of a caller that does not queue."""
+        call_id = self.hand_to_waiter(name, state, now)
+        if call_id is None:
+            self.releases.released(name)
+        else:
+            self.releases.wake_call(call_id, name)

@@ -1,0 +1,27 @@
+-- admit_booking.lua: included by admit.lua (a line "-- include: admit_booking"), after
+-- gcra.lua and the constant MARGIN_S; not a script of its own.
+
+-- Book the soonest slot the quota buckets of one of `bookable` ({candidate i, dims}
+-- each: refused by quota buckets alone) give (core.quota.gcra_book), if within
+-- `book_within` seconds: its buckets are charged as at that slot, and the booking is
+-- kept in the candidate's alive ZSET (KEYS[6i]) as `booked` -> the slot plus `claim_s`.
+-- Returns the seconds until the slot, or nil when none is soon enough.
+local function book(bookable, now, book_within, claim_s, booked)
+  local best, best_slot = nil, nil
+  for _, b in ipairs(bookable) do
+    local at = now
+    for _, d in ipairs(b[2]) do
+      at = math.max(at, now + math.max(d[1] - now, 0) + charge_s(d[2], d[3]) - 60.0)
+    end
+    if best_slot == nil or at < best_slot then best, best_slot = b, at end
+  end
+  if best_slot - now > book_within then return nil end
+  for _, d in ipairs(best[2]) do
+    local tat = math.max(d[1], best_slot + MARGIN_S) + charge_s(d[2], d[3])
+    redis.call('HSET', d[4], d[5], fmt(tat))
+  end
+  local alive = KEYS[6 * best[1]]
+  redis.call('ZREMRANGEBYSCORE', alive, '-inf', now)  -- lapsed bookings and claims
+  redis.call('ZADD', alive, best_slot + claim_s, booked)
+  return best_slot - now
+end
