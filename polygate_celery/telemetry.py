@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from polygate_celery.core.outcome import AttemptRecord, Outcome
-from polygate_celery.store.base import BlockReason
+from polygate_celery.core.selection import BlockReason
 
 logger = logging.getLogger("polygate_celery")
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Literal
+
+# Why the store passed a source over when it admitted no call there.
+BlockReason = Literal["paused", "breaker_open", "probe_in_flight", "at_capacity", "quota"]
 
 
 def preference_order(

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from types import TracebackType
-from typing import Literal, Protocol, Self, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from polygate_celery.core.breaker import BreakerMode, Effect
 from polygate_celery.core.outcome import RateLimits
+from polygate_celery.core.selection import BlockReason as BlockReason  # noqa: PLC0414 (the store names it)
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 
 # How long a scope's last success counts (`Store.progress_age_s`: older is none).
@@ -29,8 +30,6 @@ PROGRESS_TTL_S = 3600.0
 # How long a gate that opened by time stays on record as its scope's stall: a later
 # close within it is the same outage, and a success ends it (`Store.close_gate`).
 GATE_KEPT_S = 60.0
-
-BlockReason = Literal["paused", "breaker_open", "probe_in_flight", "at_capacity", "quota"]
 
 
 class WaitMode(Enum):
