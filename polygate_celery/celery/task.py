@@ -26,10 +26,11 @@ worker's event loop.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
 from celery import Celery, Task, signals
@@ -100,7 +101,11 @@ def governed(
         @functools.wraps(fn)
         def run_task(*args: Any, **kwargs: Any) -> Any:
             task = args[0] if is_bound and args and isinstance(args[0], Task) else current()
-            return _run(task, fn, args, kwargs, handle_at, is_async, scope, reuse_results)
+            runtime = runtime_for(task.app)
+            with _traced(task, runtime):
+                return _run(
+                    task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse_results
+                )
 
         del run_task.__wrapped__  # Celery must see the signature without the handle
         visible = parameters[:handle_at] + parameters[handle_at + 1 :]
@@ -162,29 +167,21 @@ def current() -> Task[Any, Any]:
     return task
 
 
-def _run(
-    task: Task[Any, Any],
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    handle_at: int,
-    is_async: bool,
-    scope: str | None,
-    reuse: bool,
-) -> Any:
-    runtime = runtime_for(task.app)
+@contextlib.contextmanager
+def _traced(task: Task[Any, Any], runtime: WorkerRuntime) -> Iterator[None]:
+    """While hooks listen, the run's trace context is theirs to read (a deferred
+    message's link) and to set (what a deferral carries on); its calls inherit it."""
     if not runtime.telemetry.active:
-        return _run_governed(task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse)
-    # Hooks listen: the run's trace context is theirs to read (a deferred message's
-    # link) and to set (what a deferral carries on); its calls inherit it.
+        yield
+        return
     token = run_trace.set(trace_of(task))
     try:
-        return _run_governed(task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse)
+        yield
     finally:
         run_trace.reset(token)
 
 
-def _run_governed(
+def _run(
     task: Task[Any, Any],
     runtime: WorkerRuntime,
     fn: Callable[..., Any],

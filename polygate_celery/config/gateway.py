@@ -6,15 +6,8 @@ from typing import Any, Self
 
 from pydantic import Field, model_validator
 
+from polygate_celery.config import models
 from polygate_celery.config.fields import Name, _Strict, deep_merge
-from polygate_celery.config.models import (
-    DeferralConfig,
-    QuotaConfig,
-    ScopeConfig,
-    ScopeSettings,
-    SourceConfig,
-    SourceSettings,
-)
 from polygate_celery.config.store import StoreConfig
 from polygate_celery.errors import ConfigError
 
@@ -28,18 +21,18 @@ class GatewayConfig(_Strict):
     """Sources, shared quotas and scopes. `*_defaults` apply under every entry."""
 
     store: StoreConfig = StoreConfig()
-    deferral: DeferralConfig = DeferralConfig()
+    deferral: models.DeferralConfig = models.DeferralConfig()
     include_bodies: bool = Field(
         False,
         strict=True,  # also where the environment's loader is lax (it types text itself)
         description="add truncated provider error bodies to attempt reasons (marked as such); "
         "they may hold prompt text",
     )
-    source_defaults: SourceSettings = SourceSettings()
-    scope_defaults: ScopeSettings = ScopeSettings()
-    sources: dict[Name, SourceConfig] = Field(default_factory=dict)
-    quotas: dict[Name, QuotaConfig] = Field(default_factory=dict)
-    scopes: dict[Name, ScopeConfig] = Field(default_factory=dict)
+    source_defaults: models.SourceSettings = models.SourceSettings()
+    scope_defaults: models.ScopeSettings = models.ScopeSettings()
+    sources: dict[Name, models.SourceConfig] = Field(default_factory=dict)
+    quotas: dict[Name, models.QuotaConfig] = Field(default_factory=dict)
+    scopes: dict[Name, models.ScopeConfig] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod

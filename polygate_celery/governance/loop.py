@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import uuid
@@ -34,34 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from polygate_celery.clock import Clock, within
+from polygate_celery.core import engine
 from polygate_celery.core.backoff import jitter
-from polygate_celery.core.engine import (
-    Action,
-    Admit,
-    AskBreaker,
-    AskProgress,
-    Begin,
-    BreakerState,
-    CallRules,
-    Done,
-    Event,
-    Fail,
-    GiveUp,
-    Granted,
-    ProgressAge,
-    Record,
-    Refused,
-    Return,
-    Send,
-    Sent,
-    Settle,
-    Settled,
-    Wait,
-    Waited,
-    abandon_attempt,
-    next_action,
-    start,
-)
 from polygate_celery.core.outcome import AttemptRecord, Outcome
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, SourceFatalError
@@ -140,26 +115,10 @@ class GovernedCall:
         self.payload = payload
         self.est_tokens = est_tokens
         self.call_id = next(_permit_ids)
-        rules = CallRules(
-            sources=plan.sources,
-            timeouts=plan.timeouts,
-            rate_limit_exempt=plan.policy.rate_limit_exempt,
-            max_attempts=plan.max_attempts,
-            stall_window_s=plan.stall_window_s,
-            max_call_s=plan.max_call_s,
-            backoff_base_s=plan.backoff_base_s,
-            backoff_max_s=plan.backoff_max_s,
-            poll_interval_s=plan.poll_interval_s,
-            retry_after_cap_s=plan.retry_after_cap_s,
-            claim_s=plan.claim_s,
-            outage_charge=plan.outage_charge,
-            same_source_retries=plan.same_source_retries,
-            wait_out_retry_after_s=plan.wait_out_retry_after_s,
-            est_tokens=est_tokens,
-            fail_fast=fail_fast,
-            scope_gate=rt.scope_gate,
+        rules = dataclasses.replace(
+            plan, est_tokens=est_tokens, fail_fast=fail_fast, scope_gate=rt.scope_gate
         )
-        self.state = start(rules, rt.clock.now())
+        self.state = engine.start(rules, rt.clock.now())
         # What carrying the actions out holds: the round's release watch and places in
         # the candidates' queues (in `_held`), the candidates asked, the grant and its lease.
         self._held = contextlib.ExitStack()
@@ -200,23 +159,23 @@ class GovernedCall:
 
     async def _drive(self) -> CallResult:
         """Carry out the engine's actions until one is a verdict."""
-        event: Event = Begin()
+        event: engine.Event = engine.Begin()
         with self._held:
             while True:
                 round_ = self.state.round
-                self.state, action = next_action(self.state, event, self.rt.clock.now())
+                self.state, action = engine.next_action(self.state, event, self.rt.clock.now())
                 if self.state.round != round_:
                     self._end_round()
-                if isinstance(action, Return):
+                if isinstance(action, engine.Return):
                     return self._result(action.source, action.outcome)
-                if isinstance(action, GiveUp):
+                if isinstance(action, engine.GiveUp):
                     raise verdicts.exhausted(self.plan, self.state, action)
-                if isinstance(action, Fail):
+                if isinstance(action, engine.Fail):
                     raise verdicts.fatal(self.plan, self.state, action)
                 try:
                     event = await self._carry_out(action)
                 except BaseException:
-                    self.state = abandon_attempt(self.state, self.rt.clock.now())
+                    self.state = engine.abandon_attempt(self.state, self.rt.clock.now())
                     raise
 
     def _end_round(self) -> None:
@@ -225,32 +184,32 @@ class GovernedCall:
         self._held.close()
         self._released = self._place = None
 
-    async def _carry_out(self, action: Action) -> Event:
+    async def _carry_out(self, action: engine.Action) -> engine.Event:
         rt, plan = self.rt, self.plan
-        if isinstance(action, AskProgress):
-            return ProgressAge(await rt.store.progress_age_s(plan.name))
-        if isinstance(action, AskBreaker):
+        if isinstance(action, engine.AskProgress):
+            return engine.ProgressAge(await rt.store.progress_age_s(plan.name))
+        if isinstance(action, engine.AskBreaker):
             snapshot = await rt.store.snapshot(plan.terms[action.source])
-            return BreakerState(snapshot.breaker)
-        if isinstance(action, Admit):
+            return engine.BreakerState(snapshot.breaker)
+        if isinstance(action, engine.Admit):
             return await self._admit(action)
-        if isinstance(action, Send):
+        if isinstance(action, engine.Send):
             return await self._send(action)
-        if isinstance(action, Settle):
+        if isinstance(action, engine.Settle):
             assert self._grant is not None
             kept = await attempts.settle(rt, plan, self._grant, action, self.est_tokens)
             self._check_lease(self._grant, action.outcome, kept)
-            return Settled()
-        if isinstance(action, Record):
+            return engine.Settled()
+        if isinstance(action, engine.Record):
             self._emit_attempt(action.record, action.outcome)
-            return Done()
-        assert isinstance(action, Wait)
+            return engine.Done()
+        assert isinstance(action, engine.Wait)
         if action.queue and self._place is None:
             hold = rt.places.hold(self._candidates, self.call_id, plan.claim_s)
             self._place = self._held.enter_context(hold)
         return await self._wait(action)
 
-    async def _admit(self, action: Admit) -> Event:
+    async def _admit(self, action: engine.Admit) -> engine.Event:
         plan = self.plan
         if action.order is plan.sources:
             self._candidates = plan.candidates
@@ -277,12 +236,12 @@ class GovernedCall:
         )
         if isinstance(admission, Denial):
             self._blocked = admission.blocked
-            return _refused(admission)
+            return admission  # a store's `Denial` is the engine's `Refused`
         self._end_round()  # the watch ends with the grant
         self._grant = admission
-        return Granted(admission.source)
+        return engine.Granted(admission.source)
 
-    async def _send(self, action: Send) -> Event:
+    async def _send(self, action: engine.Send) -> engine.Event:
         """Send under the permit's lease; an attempt that does not finish gives its permit
         back (a cancellation passes through, rule 8)."""
         rt, plan, grant = self.rt, self.plan, self._grant
@@ -290,7 +249,7 @@ class GovernedCall:
         try:
             self._lease = attempts.lease_for(rt, plan, grant, action.asked_at)
             with self._lease:
-                return Sent(await attempts.send(rt, plan, self.payload, action))
+                return engine.Sent(await attempts.send(rt, plan, self.payload, action))
         except BaseException:
             await attempts.release(rt, plan, grant, self.est_tokens)
             raise
@@ -302,7 +261,7 @@ class GovernedCall:
         if lapsed is not None:
             attempts.warn_lapsed(self.plan, grant.source, outcome, lapsed)
 
-    async def _wait(self, action: Wait) -> Waited:
+    async def _wait(self, action: engine.Wait) -> engine.Waited:
         """Sleep the action's delay (cut to its cap); a poll also ends when a permit is
         released (or `place` is lost)."""
         rt, released, place = self.rt, self._released, self._place
@@ -327,7 +286,7 @@ class GovernedCall:
                         call_id=self.call_id,
                     )
                 )
-        return Waited(woken, place is not None and place.lost.is_set())
+        return engine.Waited(woken, place is not None and place.lost.is_set())
 
     def _emit_attempt(self, record: AttemptRecord, outcome: Outcome) -> None:
         if self.rt.telemetry.active:
@@ -371,15 +330,3 @@ class GovernedCall:
                     call_id=self.call_id,
                 )
             )
-
-
-def _refused(denial: Denial) -> Refused:
-    return Refused(
-        denial.reopen_in_s,
-        denial.blocked,
-        denial.gated_for_s,
-        denial.gated_reset,
-        denial.booked_in_s,
-        denial.gated_error,
-        denial.errors,
-    )

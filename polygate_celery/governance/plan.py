@@ -9,7 +9,7 @@ from typing import Literal
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
 from polygate_celery.config.urls import origin_of
-from polygate_celery.core.engine import OutageCharge
+from polygate_celery.core.engine import CallRules, OutageCharge
 from polygate_celery.core.policy import KindPolicy, policy_for
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 
@@ -64,26 +64,16 @@ def claim_for(poll_interval_s: float) -> float:
     return 2 * poll_interval_s + 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class ScopePlan:
-    """Everything the loop reads about a scope, resolved once per gateway."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScopePlan(CallRules):
+    """Everything the loop reads about a scope, resolved once per gateway: the engine's
+    `CallRules` for its calls (their own options, `est_tokens` to `scope_gate`, left at
+    their defaults until a call sets them), and what the driver needs besides."""
 
     name: str
     policy: KindPolicy
-    sources: tuple[str, ...]
     terms: Mapping[str, SourceTerms]
-    timeouts: Mapping[str, float]
     models: Mapping[str, str | None]
-    max_attempts: int
-    stall_window_s: float
-    max_call_s: float
-    backoff_base_s: float
-    backoff_max_s: float
-    poll_interval_s: float
-    retry_after_cap_s: float
-    outage_charge: OutageCharge = "waiting"
-    same_source_retries: int = 1
-    wait_out_retry_after_s: float = 5.0
     # each source's origin, for telemetry: scheme, host and port of its base URL, no more
     servers: Mapping[str, str | None] = field(default_factory=dict)
     # the terms of `sources`, in their order: the candidates of a call's first ask
@@ -92,16 +82,14 @@ class ScopePlan:
     def __post_init__(self) -> None:
         object.__setattr__(self, "candidates", tuple(self.terms[s] for s in self.sources))
 
-    @property
-    def claim_s(self) -> float:
-        return claim_for(self.poll_interval_s)
-
     @classmethod
     def build(cls, config: GatewayConfig, name: str, caller: CallerKind = "direct") -> ScopePlan:
         scope = config.scopes[name]
+        policy = policy_for(scope.kind, scope.rate_limit_exempt)
         return cls(
             name=name,
-            policy=policy_for(scope.kind, scope.rate_limit_exempt),
+            policy=policy,
+            rate_limit_exempt=policy.rate_limit_exempt,
             sources=tuple(scope.sources),
             terms={s: source_terms(config, s) for s in scope.sources},
             timeouts={s: config.sources[s].timeout_s for s in scope.sources},
@@ -113,6 +101,7 @@ class ScopePlan:
             backoff_max_s=scope.backoff_max_s,
             poll_interval_s=scope.poll_interval_s,
             retry_after_cap_s=scope.retry_after_cap_s,
+            claim_s=claim_for(scope.poll_interval_s),
             outage_charge=outage_charge(scope.outage_is_waiting, caller),
             same_source_retries=scope.same_source_retries,
             wait_out_retry_after_s=scope.wait_out_retry_after_s,

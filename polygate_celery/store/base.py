@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from polygate_celery.core.breaker import BreakerMode, Effect
+from polygate_celery.core.engine import Refused
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.selection import BlockReason as BlockReason  # noqa: PLC0414 (the store names it)
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
@@ -109,31 +110,9 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
-class Denial:
-    """No candidate was runnable.
-
-    `reopen_in_s` is the soonest known time until one may be, or None when no
-    blocker has a known end (every source is at capacity or probing).
-    `gated_for_s` is set when the scope's gate refused the call: it stays
-    closed that much longer, unless a probe succeeds first; `gated_reset` says
-    the gate was closed until rate limits reset (see `close_gate`).
-    `booked_in_s` is set when the caller holds a booking of a quota's slot (see
-    `AdmitRequest.book_within_s`): it may ask again that much later and be admitted.
-    `gated_error` is the last error of the verdict that closed the gate: a call the
-    gate refuses names it, as its own verdict's last error.
-    `errors` holds ``(source, last error)`` for each candidate refused by its breaker
-    (open, or half-open with its probe in flight) or by a pause whose failure the
-    store keeps (the classified text a settle recorded, e.g. ``"transient: connection
-    refused"``): a call refused before it sent anything names the fleet's evidence.
-    """
-
-    reopen_in_s: float | None
-    blocked: tuple[tuple[str, BlockReason], ...]
-    gated_for_s: float | None = None
-    gated_reset: bool = False
-    booked_in_s: float | None = None
-    gated_error: str | None = None
-    errors: tuple[tuple[str, str], ...] = ()
+class Denial(Refused):
+    """No candidate was runnable: the engine's `Refused`, as a store hands it back
+    (its fields are described there)."""
 
 
 @dataclass(frozen=True, slots=True)

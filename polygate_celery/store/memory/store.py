@@ -17,17 +17,8 @@ from polygate_celery.clock import Clock, SystemClock
 from polygate_celery.core.breaker import BreakerState
 from polygate_celery.core.quota import gcra_spent, requests_spent
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store import base
 from polygate_celery.store.admit import carry_out
-from polygate_celery.store.base import (
-    GATE_KEPT_S,
-    PROGRESS_TTL_S,
-    AdmitRequest,
-    Denial,
-    Grant,
-    QuotaSnapshot,
-    Settlement,
-    SourceSnapshot,
-)
 from polygate_celery.store.memory.admit import admit as decide_admit
 from polygate_celery.store.memory.settle import settle as record_settle
 from polygate_celery.store.memory.state import (
@@ -46,11 +37,11 @@ class MemoryStore:
         self._clock = clock or SystemClock()
         self._ledger = Ledger()
 
-    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+    async def admit(self, request: base.AdmitRequest) -> base.Grant | base.Denial:
         result = decide_admit(self._ledger, request, self._clock.now())
         return carry_out(result, self._ledger.releases)
 
-    async def settle(self, settlement: Settlement) -> bool:
+    async def settle(self, settlement: base.Settlement) -> bool:
         return record_settle(self._ledger, settlement, self._clock)
 
     # (a subclass that plays a store with leases reaches a source's permits through these)
@@ -66,7 +57,7 @@ class MemoryStore:
         if marked is None:
             return math.inf
         age = self._clock.now() - marked
-        return math.inf if age >= PROGRESS_TTL_S else max(0.0, age)
+        return math.inf if age >= base.PROGRESS_TTL_S else max(0.0, age)
 
     async def mark_progress(self, scope: str) -> None:
         """Record a success in `scope` now, as another worker's call would."""
@@ -82,7 +73,7 @@ class MemoryStore:
     ) -> bool:
         now = self._clock.now()
         gate = self._ledger.gates.get(scope)
-        if gate is not None and gate.until + GATE_KEPT_S <= now:
+        if gate is not None and gate.until + base.GATE_KEPT_S <= now:
             gate = None  # as the gate's Redis key expires
         said = error or (gate.error if gate is not None else None)
         if gate is None or gate.until <= now:  # it was open: no probe yet
@@ -116,11 +107,11 @@ class MemoryStore:
         gate = self._ledger.gates.get(scope)
         return max(0.0, gate.until - self._clock.now()) if gate is not None else 0.0
 
-    async def quota_snapshot(self, quota: QuotaTerms) -> QuotaSnapshot:
+    async def quota_snapshot(self, quota: QuotaTerms) -> base.QuotaSnapshot:
         now = self._clock.now()
         state = self._ledger.quotas.get(quota.name, QuotaState())
         in_window = len(state.in_window(now))
-        return QuotaSnapshot(
+        return base.QuotaSnapshot(
             name=quota.name,
             requests_used=requests_spent(
                 quota.rpm, quota.rpm_window, in_window, state.request_tat, now
@@ -162,10 +153,10 @@ class MemoryStore:
     async def aclose(self) -> None:
         """Nothing to close: the state lives in this process's memory."""
 
-    async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
+    async def snapshot(self, source: SourceTerms) -> base.SourceSnapshot:
         state = self._ledger.source(source)
         learned = state.learned.live(self._clock.now())
-        return SourceSnapshot(
+        return base.SourceSnapshot(
             name=source.name,
             permits_in_use=len(state.permits),
             permit_limit=self._ledger.limit(state, source),
