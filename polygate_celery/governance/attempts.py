@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.engine import Send, Settle
@@ -45,9 +45,11 @@ async def send(rt: Runtime, plan: ScopePlan, payload: Any, action: Send) -> Outc
     """Send the payload to the action's source; a slow first token is cut only where
     another source could serve the call (SPEC §3 rule 17, `governance.first_token`)."""
     adapter = rt.sources[action.source]
-    if isinstance(adapter, FirstTokenSource) and adapter.limits_first_token(payload):
-        cut = await another_could_serve(rt.store, plan, action.source, action.excluded)
-        return await adapter.send(payload, timeout_s=action.timeout_s, first_token_limit=cut)
+    if action.source in rt.first_token:
+        limiting = cast(FirstTokenSource, adapter)  # checked once, by the runtime
+        if limiting.limits_first_token(payload):
+            cut = await another_could_serve(rt.store, plan, action.source, action.excluded)
+            return await limiting.send(payload, timeout_s=action.timeout_s, first_token_limit=cut)
     return await adapter.send(payload, timeout_s=action.timeout_s)
 
 

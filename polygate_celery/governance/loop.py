@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from polygate_celery.clock import Clock, within
@@ -44,7 +43,7 @@ from polygate_celery.governance import attempts, verdicts
 from polygate_celery.governance.lease import Lease, LeaseRenewer
 from polygate_celery.governance.places import Place, PlaceKeeper
 from polygate_celery.governance.plan import ScopePlan
-from polygate_celery.sources.base import Source
+from polygate_celery.sources.base import FirstTokenSource, Source
 from polygate_celery.store.base import AdmitRequest, BlockReason, Denial, Grant, ReleaseWatch, Store
 from polygate_celery.telemetry import AttemptEvent, CallEvent, Telemetry, VerdictEvent, WaitEvent
 
@@ -102,6 +101,13 @@ class Runtime:
     leases: LeaseRenewer
     places: PlaceKeeper
     scope_gate: bool = False
+    # The sources that can limit a first token (`FirstTokenSource`), found once: a
+    # runtime-checkable protocol's isinstance costs some 10 µs, on every attempt.
+    first_token: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        limits = frozenset(n for n, s in self.sources.items() if isinstance(s, FirstTokenSource))
+        object.__setattr__(self, "first_token", limits)
 
 
 class GovernedCall:
@@ -115,7 +121,7 @@ class GovernedCall:
         self.payload = payload
         self.est_tokens = est_tokens
         self.call_id = next(_permit_ids)
-        rules = dataclasses.replace(
+        rules = engine.replace(
             plan, est_tokens=est_tokens, fail_fast=fail_fast, scope_gate=rt.scope_gate
         )
         self.state = engine.start(rules, rt.clock.now())

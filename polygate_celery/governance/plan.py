@@ -64,7 +64,7 @@ def claim_for(poll_interval_s: float) -> float:
     return 2 * poll_interval_s + 1.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class ScopePlan(CallRules):
     """Everything the loop reads about a scope, resolved once per gateway: the engine's
     `CallRules` for its calls (their own options, `est_tokens` to `scope_gate`, left at

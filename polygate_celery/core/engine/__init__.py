@@ -39,6 +39,7 @@ from polygate_celery.core.engine.state import (
     OutageCharge,
     Step,
     error_text,
+    replace,
     same_source_worth_retrying,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "abandon_attempt",
     "error_text",
     "next_action",
+    "replace",
     "same_source_worth_retrying",
     "start",
 ]

@@ -27,8 +27,6 @@ exempt 429's grows on the rate-limited streak's own counter (rule 3).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from polygate_celery.core.backoff import backoff_ceiling
 from polygate_celery.core.breaker import Effect, effect_of
 from polygate_celery.core.engine.actions import (
@@ -49,6 +47,7 @@ from polygate_celery.core.engine.state import (
     CallState,
     Step,
     error_text,
+    replace,
     same_source_worth_retrying,
 )
 from polygate_celery.core.outcome import AttemptRecord, Outcome, OutcomeKind

@@ -8,7 +8,6 @@ budget is spent. Every verdict that ends the call here is a `GiveUp`.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal
 
 from polygate_celery.core.engine.actions import (
@@ -29,6 +28,7 @@ from polygate_celery.core.engine.state import (
     CallState,
     Phase,
     Step,
+    replace,
 )
 from polygate_celery.core.selection import preference_order
 from polygate_celery.core.stall import is_stalled
@@ -103,11 +103,18 @@ def _order(state: CallState, now: float) -> tuple[CallState, tuple[str, ...]]:
 
 def admitted(state: CallState, event: Event, now: float) -> Step:
     if isinstance(event, Granted):
-        state = replace(state, stay_on=None, hold_on=None, refused=False, booked=False)
         full_timeout_s = state.rules.timeouts[event.source]
         timeout_s = min(full_timeout_s, state.deadline - now)
         attempt = Attempting(event.source, now, timeout_s, full_timeout_s)
-        state = replace(state, phase="send", attempt=attempt)
+        state = replace(
+            state,
+            phase="send",
+            attempt=attempt,
+            stay_on=None,
+            hold_on=None,
+            refused=False,
+            booked=False,
+        )
         return Step(state, Send(event.source, timeout_s, state.asked_at, state.excluded))
     assert isinstance(event, Refused)
     state = replace(state, refused=True, booked=state.booked or event.booked_in_s is not None)

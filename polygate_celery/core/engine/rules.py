@@ -20,11 +20,10 @@ contains t*: a poll, at most ``poll_interval_s``; a backoff, at most
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from polygate_celery.core.engine import attempts, rounds
 from polygate_celery.core.engine.actions import Event
-from polygate_celery.core.engine.state import CallRules, CallState, Phase, Step
+from polygate_celery.core.engine.state import CallRules, CallState, Phase, Step, replace
 
 
 def start(rules: CallRules, now: float) -> CallState:

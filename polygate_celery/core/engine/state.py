@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from polygate_celery.core.engine.actions import Action, Refused
 from polygate_celery.core.outcome import AttemptRecord, Outcome
@@ -45,7 +45,7 @@ Phase = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CallRules:
     """What the engine reads about one call: its scope's settings and its options."""
 
@@ -68,7 +68,7 @@ class CallRules:
     scope_gate: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Attempting:
     """The attempt in flight: where, since when, under which cut of its timeout."""
 
@@ -80,7 +80,7 @@ class Attempting:
     charged: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CallState:
     """One call, frozen: each decision returns a new one."""
 
@@ -145,6 +145,26 @@ class CallState:
         if seconds is None or not math.isfinite(seconds) or seconds <= 0:
             return None
         return min(seconds, self.rules.retry_after_cap_s)
+
+
+R = TypeVar("R")
+
+
+def replace(record: R, **changes: Any) -> R:
+    """`record`, a frozen dataclass, with `changes`: `dataclasses.replace` without its
+    per-field walk and `__init__` (a call makes about ten of these, and
+    `dataclasses.replace` on a record this wide added some 40 µs to every call). The
+    engine's records keep their fields in `__dict__` (no slots) so that a copy is one
+    dictionary update. An unknown name raises `TypeError`, as with `dataclasses.replace`."""
+    fields = record.__dataclass_fields__  # type: ignore[attr-defined]
+    if not changes.keys() <= fields.keys():
+        unknown = ", ".join(sorted(changes.keys() - fields.keys()))
+        raise TypeError(f"{type(record).__name__} has no field {unknown}")
+    new = object.__new__(type(record))
+    values = new.__dict__
+    values.update(record.__dict__)
+    values.update(changes)
+    return new
 
 
 class Step(NamedTuple):
