@@ -29,7 +29,7 @@ import contextlib
 import itertools
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,8 +126,7 @@ class GovernedCall:
         )
         self.state = engine.start(rules, rt.clock.now())
         # What carrying the actions out holds: the round's release watch and places in
-        # the candidates' queues (in `_held`), the candidates asked, the grant and its lease.
-        self._held = contextlib.ExitStack()
+        # the candidates' queues, the candidates asked, the grant and its lease.
         self._released: ReleaseWatch | None = None
         self._place: Place | None = None
         self._candidates: tuple[SourceTerms, ...] = plan.candidates
@@ -166,54 +165,62 @@ class GovernedCall:
     async def _drive(self) -> CallResult:
         """Carry out the engine's actions until one is a verdict."""
         event: engine.Event = engine.Begin()
-        with self._held:
+        now = self.rt.clock.now
+        try:
             while True:
                 round_ = self.state.round
-                self.state, action = engine.next_action(self.state, event, self.rt.clock.now())
+                self.state, action = engine.next_action(self.state, event, now())
                 if self.state.round != round_:
                     self._end_round()
-                if isinstance(action, engine.Return):
-                    return self._result(action.source, action.outcome)
-                if isinstance(action, engine.GiveUp):
-                    raise verdicts.exhausted(self.plan, self.state, action)
-                if isinstance(action, engine.Fail):
-                    raise verdicts.fatal(self.plan, self.state, action)
+                carry_out = _CARRY_OUT.get(type(action))
+                if carry_out is None:
+                    return self._verdict(action)
                 try:
-                    event = await self._carry_out(action)
+                    event = await carry_out(self, action)
                 except BaseException:
-                    self.state = engine.abandon_attempt(self.state, self.rt.clock.now())
+                    self.state = engine.abandon_attempt(self.state, now())
                     raise
+        finally:
+            self._end_round()
 
     def _end_round(self) -> None:
-        """A round's release watch (and its places in the queues, while it waits there)
-        is held until the round ends or its permit is granted."""
-        self._held.close()
-        self._released = self._place = None
+        """A round's release watch (and its place in the queues, while it waits there)
+        is held until the round ends or its permit is granted; the place ends first."""
+        place, released = self._place, self._released
+        self._place = self._released = None
+        try:
+            if place is not None:
+                place.__exit__(None, None, None)
+        finally:
+            if released is not None:
+                released.__exit__(None, None, None)
 
-    async def _carry_out(self, action: engine.Action) -> engine.Event:
-        rt, plan = self.rt, self.plan
-        if isinstance(action, engine.AskProgress):
-            return engine.ProgressAge(await rt.store.progress_age_s(plan.name))
-        if isinstance(action, engine.AskBreaker):
-            snapshot = await rt.store.snapshot(plan.terms[action.source])
-            return engine.BreakerState(snapshot.breaker)
-        if isinstance(action, engine.Admit):
-            return await self._admit(action)
-        if isinstance(action, engine.Send):
-            return await self._send(action)
-        if isinstance(action, engine.Settle):
-            assert self._grant is not None
-            kept = await attempts.settle(rt, plan, self._grant, action, self.est_tokens)
-            self._check_lease(self._grant, action.outcome, kept)
-            return engine.Settled()
-        if isinstance(action, engine.Record):
-            self._emit_attempt(action.record, action.outcome)
-            return engine.Done()
-        assert isinstance(action, engine.Wait)
-        if action.queue and self._place is None:
-            hold = rt.places.hold(self._candidates, self.call_id, plan.claim_s)
-            self._place = self._held.enter_context(hold)
-        return await self._wait(action)
+    def _verdict(self, action: engine.Action) -> CallResult:
+        """The call's end: its result, or the verdict's exception raised."""
+        if isinstance(action, engine.Return):
+            return self._result(action.source, action.outcome)
+        if isinstance(action, engine.GiveUp):
+            raise verdicts.exhausted(self.plan, self.state, action)
+        assert isinstance(action, engine.Fail)
+        raise verdicts.fatal(self.plan, self.state, action)
+
+    async def _ask_progress(self, action: engine.AskProgress) -> engine.Event:
+        return engine.ProgressAge(await self.rt.store.progress_age_s(self.plan.name))
+
+    async def _ask_breaker(self, action: engine.AskBreaker) -> engine.Event:
+        snapshot = await self.rt.store.snapshot(self.plan.terms[action.source])
+        return engine.BreakerState(snapshot.breaker)
+
+    async def _settle(self, action: engine.Settle) -> engine.Event:
+        grant = self._grant
+        assert grant is not None
+        kept = await attempts.settle(self.rt, self.plan, grant, action, self.est_tokens)
+        self._check_lease(grant, action.outcome, kept)
+        return engine.Settled()
+
+    async def _record(self, action: engine.Record) -> engine.Event:
+        self._emit_attempt(action.record, action.outcome)
+        return engine.Done()
 
     async def _admit(self, action: engine.Admit) -> engine.Event:
         plan = self.plan
@@ -222,9 +229,7 @@ class GovernedCall:
         else:
             self._candidates = tuple(plan.terms[s] for s in action.order)
         # Watch before asking, so a permit released right after the refusal is not missed.
-        self._released = self._held.enter_context(
-            self.rt.store.watch_releases(action.order, self.call_id)
-        )
+        self._released = self.rt.store.watch_releases(action.order, self.call_id).__enter__()
         admission = await self.rt.store.admit(
             AdmitRequest(
                 scope=plan.name,
@@ -271,6 +276,9 @@ class GovernedCall:
         """Sleep the action's delay (cut to its cap); a poll also ends when a permit is
         released (or `place` is lost)."""
         rt, released, place = self.rt, self._released, self._place
+        if action.queue and place is None:
+            hold = rt.places.hold(self._candidates, self.call_id, self.plan.claim_s)
+            self._place = place = hold.__enter__()
         delay = action.seconds * jitter(rt.random()) if action.jittered else action.seconds
         started = rt.clock.now()
         delay = min(delay, action.cap_s)
@@ -336,3 +344,15 @@ class GovernedCall:
                     call_id=self.call_id,
                 )
             )
+
+
+# How the driver carries out each action that is not a verdict (`GovernedCall._verdict`).
+_CARRY_OUT: dict[type, Callable[[GovernedCall, Any], Awaitable[engine.Event]]] = {
+    engine.AskProgress: GovernedCall._ask_progress,
+    engine.AskBreaker: GovernedCall._ask_breaker,
+    engine.Admit: GovernedCall._admit,
+    engine.Send: GovernedCall._send,
+    engine.Settle: GovernedCall._settle,
+    engine.Record: GovernedCall._record,
+    engine.Wait: GovernedCall._wait,
+}

@@ -56,27 +56,31 @@ def stalled(state: CallState, event: Event) -> bool:
 
 
 def begin_round(state: CallState, event: Event, now: float) -> Step:
-    state = replace(state, round=state.round + 1)
+    begun = state.round + 1
     if state.rules.rate_limit_exempt:  # the main-loop check exists only where 429s wait
+        state = replace(state, round=begun)
         step = check_stall(state, now, "top_stall")
         if step is not None:
             return step
-    return _ask(state, now)
+    return _ask(state, now, begun)
 
 
 def after_top_stall(state: CallState, event: Event, now: float) -> Step:
-    return give_up(state, now, "stalled") if stalled(state, event) else _ask(state, now)
+    if stalled(state, event):
+        return give_up(state, now, "stalled")
+    return _ask(state, now, state.round)
 
 
-def _ask(state: CallState, now: float) -> Step:
+def _ask(state: CallState, now: float, round_: int) -> Step:
+    """Ask for a permit in round `round_` (the new state counts it begun)."""
     if now >= state.deadline:
-        return give_up(state, now, "deadline")
+        return give_up(replace(state, round=round_), now, "deadline")
     state, order = _order(state, now)
     rules = state.rules
     book_within_s = (
         0.0 if rules.fail_fast else max(0.0, min(rules.stall_window_s, state.deadline - now))
     )
-    state = replace(state, phase="admit", asked_at=now, order=order)
+    state = replace(state, phase="admit", round=round_, asked_at=now, order=order)
     claim_s = 0.0 if rules.fail_fast else rules.claim_s
     return Step(state, Admit(order, claim_s, state.refused, state.booked, book_within_s))
 

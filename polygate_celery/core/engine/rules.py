@@ -23,12 +23,19 @@ from collections.abc import Callable
 
 from polygate_celery.core.engine import attempts, rounds
 from polygate_celery.core.engine.actions import Event
-from polygate_celery.core.engine.state import CallRules, CallState, Phase, Step, replace
+from polygate_celery.core.engine.state import (
+    CallRules,
+    CallState,
+    Phase,
+    Step,
+    initial_state,
+    replace,
+)
 
 
 def start(rules: CallRules, now: float) -> CallState:
     """A call entering the loop at `now`; answer its first `next_action` with `Begin`."""
-    return CallState(rules=rules, entered_at=now)
+    return initial_state(rules, now)
 
 
 def next_action(state: CallState, event: Event, now: float) -> Step:

@@ -11,6 +11,7 @@ the stall budget (an exempt 429, an outage's failure after the call's first).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -150,21 +151,39 @@ class CallState:
 R = TypeVar("R")
 
 
-def replace(record: R, **changes: Any) -> R:
+def replace(record: R, /, **changes: Any) -> R:
     """`record`, a frozen dataclass, with `changes`: `dataclasses.replace` without its
     per-field walk and `__init__` (a call makes about ten of these, and
     `dataclasses.replace` on a record this wide added some 40 µs to every call). The
     engine's records keep their fields in `__dict__` (no slots) so that a copy is one
-    dictionary update. An unknown name raises `TypeError`, as with `dataclasses.replace`."""
-    fields = record.__dataclass_fields__  # type: ignore[attr-defined]
-    if not changes.keys() <= fields.keys():
-        unknown = ", ".join(sorted(changes.keys() - fields.keys()))
-        raise TypeError(f"{type(record).__name__} has no field {unknown}")
-    new = object.__new__(type(record))
+    dictionary update. An unknown name raises `TypeError`, as with `dataclasses.replace`
+    (found after the copy, by its size: an unknown name adds a key)."""
+    new = _new(type(record))
     values = new.__dict__
     values.update(record.__dict__)
     values.update(changes)
+    if len(values) != len(record.__dict__):
+        unknown = ", ".join(sorted(changes.keys() - record.__dict__.keys()))
+        raise TypeError(f"{type(record).__name__} has no field {unknown}")
     return new
+
+
+_new = object.__new__
+
+
+def initial_state(rules: CallRules, entered_at: float) -> CallState:
+    """A call's first state: `CallState(rules=rules, entered_at=entered_at)`, copied from
+    the fields' defaults (a frozen dataclass's `__init__` sets its thirty fields one
+    `object.__setattr__` at a time)."""
+    state = _new(CallState)
+    state.__dict__.update(_INITIAL, rules=rules, entered_at=entered_at)
+    return state
+
+
+# Every field of `CallState` but `rules` and `entered_at` has a default, none a factory.
+_INITIAL: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(CallState) if f.default is not dataclasses.MISSING
+}
 
 
 class Step(NamedTuple):

@@ -42,9 +42,12 @@ def settle(ledger: Ledger, settlement: Settlement, clock: Clock) -> bool:
     )
     if change in ("opened", "reopened"):
         state.opened_at = now
-    if changes != SettleChanges():
+    if changes != _NO_CHANGES:
         log_changes(settlement, changes)
     return held
+
+
+_NO_CHANGES = SettleChanges()
 
 
 def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:

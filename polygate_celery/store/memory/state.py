@@ -96,13 +96,18 @@ class Ledger:
 
     def source(self, terms: SourceTerms) -> SourceState:
         """The source's state, its AIMD limit set from its terms on first use."""
-        state = self.sources.setdefault(terms.name, SourceState())
+        state = self.sources.get(terms.name)  # (no new state built to be thrown away)
+        if state is None:
+            state = self.sources[terms.name] = SourceState()
         if state.aimd is None:
             state.aimd = aimd_initial(terms.aimd, terms.max_concurrency)
         return state
 
     def quota(self, name: str) -> QuotaState:
-        return self.quotas.setdefault(name, QuotaState())
+        state = self.quotas.get(name)
+        if state is None:
+            state = self.quotas[name] = QuotaState()
+        return state
 
     @staticmethod
     def limit(state: SourceState, terms: SourceTerms) -> int:

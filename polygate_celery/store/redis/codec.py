@@ -46,6 +46,10 @@ class _Admitted(IntEnum):
     PROBE = 4  # name, admitted_at, turned, open_s, error, then as GRANTED
 
 
+# The kinds by their number: an unknown one is a `KeyError` (a bad reply), found in a
+# dictionary rather than by the enum's own lookup, which costs more per call.
+_KINDS: dict[int, _Admitted] = {kind.value: kind for kind in _Admitted}
+
 _BREAKER_CHANGES: dict[str, BreakerChange] = {
     "opened": "opened",
     "reopened": "reopened",
@@ -76,7 +80,7 @@ def encode_admit(request: AdmitRequest, now: bytes) -> tuple[bytes, ...]:
 def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResult:
     """admit.lua's reply, read once (see its header)."""
     with reading("admit", reply):
-        kind = _Admitted(int(reply[0]))
+        kind = _KINDS[int(reply[0])]
         if kind is _Admitted.GRANTED or kind is _Admitted.PROBE:
             probe = kind is _Admitted.PROBE
             handed = reply[6:] if probe else reply[3:]
@@ -117,6 +121,8 @@ def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResu
 
 def _pairs(items: Any) -> tuple[tuple[str, str], ...]:
     """``(call id, source)`` pairs of a flat reply tail."""
+    if not items:  # (most grants hand nothing on)
+        return ()
     return tuple(
         (str(call_id), str(source)) for call_id, source in zip(items[::2], items[1::2], strict=True)
     )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +46,7 @@ from polygate_celery.core.engine import (
     next_action,
     start,
 )
+from polygate_celery.core.engine import replace as engine_replace
 from polygate_celery.core.outcome import Outcome, OutcomeKind
 
 A = TypeVar("A")
@@ -412,3 +414,12 @@ def test_the_engine_is_pure() -> None:
     assert next_action(state, Begin(), 7.0) == next_action(state, Begin(), 7.0)
     assert replace(state) == state
     assert OutcomeKind.SUCCESS.value == "success"
+
+
+def test_a_call_starts_from_the_states_defaults_and_copies_check_their_names() -> None:
+    rules = make_rules()
+    assert start(rules, 5.0) == CallState(rules=rules, entered_at=5.0)
+    state = engine_replace(start(rules, 5.0), round=2)
+    assert state == replace(CallState(rules=rules, entered_at=5.0), round=2)
+    with pytest.raises(TypeError, match="no field rounds"):
+        engine_replace(state, rounds=3)
