@@ -59,36 +59,31 @@ EQUIVALENT: dict[str, Equivalent] = {
         "the flag is only read for its truth (`if not attempt.refunded`); None and False "
         "are both false",
     ),
-    LEASE + "__init____mutmut_4": Equivalent(
-        "self._wake = None",
-        "the first `hold()` always replaces the event before the renewal task can read it "
-        "(no task exists yet)",
-    ),
     LEASE + "__init____mutmut_6": Equivalent(
-        'None = ""',
-        '`""` is never the running loop, as None is not: the first `hold()` starts the task',
-    ),
-    LEASE + "__init____mutmut_7": Equivalent(
         "self._every_s = None",
         "read only by a renewer woken by `hold()`, which sets it first",
     ),
-    LEASE + "__init____mutmut_8": Equivalent(
+    LEASE + "__init____mutmut_7": Equivalent(
         "self._every_s = 1.0",
         "read only by a renewer woken by `hold()`, which sets it first",
     ),
-    LEASE + "_renew__mutmut_34": Equivalent(
+    LEASE + "_renew__mutmut_35": Equivalent(
         "strict=None", "the lengths were checked equal just above, so zip never truncates"
     ),
-    LEASE + "_renew__mutmut_37": Equivalent(
+    LEASE + "_renew__mutmut_38": Equivalent(
         "zip(leases, held, )", "the lengths were checked equal just above"
     ),
-    LEASE + "_renew__mutmut_38": Equivalent(
+    LEASE + "_renew__mutmut_39": Equivalent(
         "strict=False", "the lengths were checked equal just above"
     ),
     LEASE + "_lose__mutmut_13": Equivalent(
         "pop(lease.permit_id, )",
         "both callers pass a lease still registered (the renewal loop checks it, the expiry "
         "loop iterates the registered ones), so the default is never used",
+    ),
+    LEASE + "_lapse__mutmut_4": Equivalent(
+        "pop(lease.permit_id, )",
+        "the same callers as `_lose`'s, with a lease still registered (see `_lose__mutmut_13`)",
     ),
     LEASE + "_renew__mutmut_25": Equivalent(
         '"XXrenewing',
@@ -122,38 +117,21 @@ EQUIVALENT |= {
     ),
 }
 
-LOOP = "polygate_celery.governance.loop.xǁGovernedCallǁ"
+ENGINE = "polygate_celery.core.engine."
 EQUIVALENT |= {
-    LOOP + "_raise_if_stalled__mutmut_3": Equivalent(
-        "if stalled_s < window:",
-        "at a budget spent to the instant the store is asked, and `is_stalled` still "
-        "requires it exceeded: the early return only spares that round trip",
+    ENGINE + "attempts.x_outage_progress__mutmut_11": Equivalent(
+        "charged=True, down=None)",
+        "`_conclude` reads `down` only for its truth (the refund, the outage count); None "
+        "and False are both false",
     ),
-    LOOP + "_plan_next__mutmut_21": Equivalent(
-        "if s not in self.excluded), )",
-        "the default is never used: the source that just answered 429 is never excluded "
-        "(only a rejection excludes one), so at least one source is left to be first",
+    ENGINE + "attempts.x_after_backoff_stall__mutmut_16": Equivalent(
+        "begin_round(state, None, now)",
+        "`begin_round` never reads its event (it is also the handler of `start` and `poll`, "
+        "whose events carry nothing it needs)",
     ),
-    LOOP + "_wait__mutmut_8": Equivalent(
-        "if delay < 0:",
-        "no caller waits 0 s: the loop raises `deadline` before asking again and after an "
-        "attempt that reached it, a queued wait returns at the deadline, a poll or a backoff "
-        "is at least half its base (both validated above 0) and a booked slot lies ahead, "
-        "so the branch for a delay cut to nothing is never taken",
-    ),
-    LOOP + "_wait__mutmut_10": Equivalent(
-        "return True",
-        "the same branch, never taken (see `_wait__mutmut_8`)",
-    ),
-    LOOP + "_wait__mutmut_11": Equivalent(
-        "woken = None",
-        "the value returned after a plain sleep (no release to watch): only a backoff "
-        "sleeps so, and its caller discards the result; None and False are both false",
-    ),
-    LOOP + "_wait__mutmut_12": Equivalent(
-        "woken = True",
-        "the value returned after a plain sleep: only a backoff sleeps so, and its caller "
-        "discards the result (every poll watches releases and returns what `within` says)",
+    ENGINE + "rounds.x_after_queue_wait__mutmut_5": Equivalent(
+        "return begin_round(state, None, now)",
+        "`begin_round` never reads its event (see `attempts.x_after_backoff_stall__mutmut_16`)",
     ),
 }
 

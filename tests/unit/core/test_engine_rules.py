@@ -423,3 +423,88 @@ def test_a_call_starts_from_the_states_defaults_and_copies_check_their_names() -
     assert state == replace(CallState(rules=rules, entered_at=5.0), round=2)
     with pytest.raises(TypeError, match="no field rounds"):
         engine_replace(state, rounds=3)
+
+
+def test_a_backoff_after_an_outage_checks_the_stall_and_goes_on_while_the_scope_progresses() -> (
+    None
+):
+    """After the backoff of a failure charged to waiting, a spent stall budget asks for
+    the progress age: a scope that served another call meanwhile is not stalled, and
+    the next round begins; one that served nobody is (rules 2 and 15)."""
+    rules = make_rules(rate_limit_exempt=False, outage_charge="waiting", stall_window_s=10.0)
+    state, action = next_action(start(rules, 0.0), Begin(), 0.0)
+    state, action = next_action(state, Granted("a"), 0.0)
+    state, action = next_action(state, Sent(Outcome.transient("HTTP 503", status=503)), 20.0)
+    state, action = next_action(state, Settled(), 20.0)
+    assert isinstance(action, AskProgress)
+    state, action = next_action(state, ProgressAge(math.inf), 20.0)
+    assert isinstance(action, Record)
+    assert not action.record.burned_budget
+    state, action = next_action(state, Done(), 20.0)
+    assert isinstance(action, Wait)
+    assert action.cause == "backoff"
+    backed_off, action = next_action(state, Waited(), 40.0)  # 20 s of stall time
+    assert isinstance(action, AskProgress)
+
+    state, action = next_action(backed_off, ProgressAge(5.0), 40.0)
+    assert isinstance(action, Admit)
+    assert (state.phase, state.round, state.asked_at) == ("admit", 2, 40.0)
+    _, verdict = next_action(backed_off, ProgressAge(math.inf), 40.0)
+    assert verdict == GiveUp("stalled", 10.0, False)
+
+
+def test_a_queued_call_polls_its_stall_and_waits_on_while_the_scope_progresses() -> None:
+    """A call queued at every candidate waits one jittered poll at a time, keeping its
+    places; past its stall budget each poll asks for the progress age: progress of the
+    scope keeps it queued, none gives it up, with the refusal's reopening as its hint."""
+    rules = make_rules(stall_window_s=10.0, max_call_s=100.0)
+    state, action = next_action(start(rules, 0.0), Begin(), 0.0)
+    assert isinstance(action, Admit)
+    refusal = Refused(30.0, (("a", "at_capacity"), ("b", "at_capacity")))
+    state, action = next_action(state, refusal, 0.0)
+    assert action == Wait("no_runnable", 1.0, True, 100.0, True)
+
+    state, action = next_action(state, Waited(), 11.0)
+    assert isinstance(action, AskProgress)
+    state, action = next_action(state, ProgressAge(2.0), 11.0)
+    assert action == Wait("no_runnable", 1.0, True, 89.0, True)
+    assert state.phase == "queued"
+
+    state, action = next_action(state, Waited(), 12.0)
+    assert isinstance(action, AskProgress)
+    _, verdict = next_action(state, ProgressAge(math.inf), 12.0)
+    assert verdict == GiveUp("stalled", 30.0 - 12.0, False)
+
+
+def test_an_abandoned_attempt_is_counted_once_and_only_while_it_runs() -> None:
+    """Abandoning clears the attempt, so its time is not counted twice; once the attempt
+    is recorded its time is counted already, and abandoning then changes nothing."""
+    rules = make_rules(outage_charge="retry_budget")
+    state, _ = next_action(start(rules, 0.0), Begin(), 0.0)
+    sending, _ = next_action(state, Granted("a"), 2.0)
+    abandoned = abandon_attempt(sending, 7.0)
+    assert (abandoned.productive_s, abandoned.attempt) == (5.0, None)
+    assert abandon_attempt(abandoned, 9.0) == abandoned
+
+    state, _ = next_action(sending, Sent(Outcome.timeout()), 7.0)
+    state, action = next_action(state, Settled(), 7.0)
+    assert isinstance(action, Record)
+    assert state.attempt is not None
+    assert abandon_attempt(state, 9.0) == state  # recorded: 5 s productive already
+    state, action = next_action(state, Done(), 7.0)
+    assert isinstance(action, Wait)
+    assert abandon_attempt(state, 9.0) == state  # backing off
+
+
+def test_a_reopening_due_now_is_no_longer_known() -> None:
+    """At the instant a refusal's reopening comes, the verdict's hint falls back to the
+    stall window (rule 7: a reopening that has come tells nothing more)."""
+    rules = make_rules(max_call_s=30.0)
+    state, _ = next_action(start(rules, 0.0), Begin(), 0.0)
+    refusal = Refused(30.0, (("a", "breaker_open"), ("b", "breaker_open")))
+    state, action = next_action(state, refusal, 0.0)
+    assert isinstance(action, Wait)
+    assert state.reopening_known(29.0)
+    assert not state.reopening_known(30.0)
+    _, verdict = next_action(state, Waited(), 30.0)
+    assert verdict == GiveUp("deadline", 300.0, False)

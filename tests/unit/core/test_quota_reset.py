@@ -29,6 +29,7 @@ from polygate_celery.core.quota import (
         (60, 59, 1.0),  # OpenAI's documented example: 60 / 59 / "1s"
         (1000, 999, 1.0),  # Anthropic's whole seconds, rounded up
         (120, 100, 10.0 + 5.0),  # a few seconds of clock skew
+        (60, 60, 1.0 + RESET_EVIDENCE_S),  # off by one request's refill plus the evidence
     ],
 )
 def test_a_bucket_announces_its_refill_time(limit: int, remaining: int, reset_s: float) -> None:
@@ -42,6 +43,7 @@ def test_a_bucket_announces_its_refill_time(limit: int, remaining: int, reset_s:
         (120, 100, 45.0),
         (120, 20, 2.0),  # near its end, most of it spent
         (3, 2, 60.0),
+        (120, 119, PERIOD_S + RESET_EVIDENCE_S),  # the longest reset a minute's window has
     ],
 )
 def test_a_window_announces_its_end(limit: int, remaining: int, reset_s: float) -> None:
@@ -96,13 +98,21 @@ def test_an_answer_of_a_past_window_is_not_taken() -> None:
 
 def test_the_window_ending_a_few_seconds_earlier_is_the_same_window() -> None:
     assert window_learn(120.0, 100.0, 61.0, 30, 55.0) == (120.0, 30.0)
+    # Its end exactly `RESET_EVIDENCE_S` before the one known: still the same window.
+    assert window_learn(120.0, 100.0, 61.0, 30, 49.0) == (120.0, 30.0)
+
+
+def test_a_window_ending_now_is_over_and_the_answer_announces_the_next() -> None:
+    assert window_learn(60.0, 5.0, 60.0, 100, 59.0) == (119.0, 100.0)
 
 
 def test_what_is_left_is_taken_until_just_before_the_end_then_a_new_window() -> None:
     assert window_take(60.0, 2.0, 10.0, 120) == (60.0, 1.0)
+    assert window_take(60.0, 1.0, 10.0, 120) == (60.0, 0.0)  # the last one left
     assert window_take(60.0, 0.0, 10.0, 120) == pytest.approx(50.0)
     # Too close to the end: the request might reach the provider in the next window.
     assert window_take(60.0, 5.0, 60.0 - ARRIVAL_MARGIN_S / 2, 120) == pytest.approx(0.25)
+    assert window_take(60.0, 5.0, 60.0 - ARRIVAL_MARGIN_S, 120) == ARRIVAL_MARGIN_S
     new_window = (pytest.approx(60.0 + ARRIVAL_MARGIN_S + PERIOD_S), 119.0)
     assert window_take(60.0, 0.0, 60.0, 120) == new_window
 
@@ -112,6 +122,8 @@ def test_a_lower_declared_limit_holds_back_the_difference() -> None:
     assert window_take(60.0, 21.0, 10.0, 120, 100) == (60.0, 20.0)
     assert window_take(60.0, 20.0, 10.0, 120, 100) == pytest.approx(50.0)
     assert window_take(60.0, 20.0, 10.0, 120, 200) == (60.0, 19.0)  # a higher one: no say
+    assert window_take(60.0, 1.0, 10.0, 120, 120) == (60.0, 0.0)  # an equal one: none held
+    assert window_take(60.0, 1.0, 10.0, 120, 200) == (60.0, 0.0)
     # A new window is counted in the provider's terms: 119 left, 20 of them held back.
     assert window_take(60.0, 0.0, 61.0, 120, 100) == (pytest.approx(121.5), 119.0)
 
@@ -120,3 +132,4 @@ def test_a_request_counted_as_a_bucket_keeps_the_window_up_to_date() -> None:
     assert window_charge(60.0, 3.0, 10.0) == 2.0
     assert window_charge(60.0, 0.0, 10.0) == 0.0
     assert window_charge(60.0, 3.0, 61.0) == 3.0  # ended: the next one is not known yet
+    assert window_charge(60.0, 3.0, 60.0) == 3.0  # ending now: ended

@@ -129,10 +129,39 @@ async def test_a_reclaimed_lease_is_marked_lapsed_and_its_attempt_runs_on() -> N
     await renewer.aclose()
 
 
+class PartlyReclaimedStore(RenewalStore):
+    """Renewals hold every lease but those of `reclaimed` permits."""
+
+    def __init__(self, clock: VirtualClock, *reclaimed: str) -> None:
+        super().__init__(clock)
+        self.reclaimed = set(reclaimed)
+
+    async def renew(self, leases: Sequence[tuple[SourceTerms, str, float]]) -> list[bool]:
+        await super().renew(leases)
+        return [permit not in self.reclaimed for _, permit, _ in leases]
+
+
+async def test_a_reclaimed_lease_leaves_the_others_renewed() -> None:
+    clock = VirtualClock()
+    store = PartlyReclaimedStore(clock, "p1")
+    renewer = LeaseRenewer(store, clock)
+
+    with (
+        renewer.hold(SOURCE, Grant("a", "p1", 0.0, LEASE_S), 0.0) as first,
+        renewer.hold(SOURCE, Grant("a", "p2", 0.0, LEASE_S), 0.0) as second,
+    ):
+        await clock.sleep(35)
+
+    assert (first.lapsed, second.lapsed, second.lost) == ("the store no longer held it", None, None)
+    assert store.renewals == [(10.0, ["p1", "p2"]), (20.0, ["p2"]), (30.0, ["p2"])]
+    await renewer.aclose()
+
+
 @pytest.mark.parametrize(
     ("frozen_at", "frozen_s", "lapsed"),
     [
         (5, 26, True),  # resumes at 31, past the granted lease's end (30)
+        (5, 25, True),  # resumes at 30, the granted lease's end: gone already
         (5, 21, False),  # resumes at 26: past its guarantee (25), not its end
         (15, 26, True),  # renewed at 10: resumes at 41, past the renewed lease's end (40)
         (15, 21, False),  # resumes at 36: past 10 + 25, before 40
