@@ -175,6 +175,54 @@ EQUIVALENT |= {
     ),
 }
 
+WAIT = "polygate_celery.governance.loop.xǁGovernedCallǁ_wait"
+EQUIVALENT |= {
+    ENGINE + "attempts.x__plan_next__mutmut_34": Equivalent(
+        "if s not in state.excluded), )",
+        "the 429's source was granted from the round's order, which holds no excluded "
+        "source, and a 429 excludes none, so the search always finds one and its default "
+        "is never used",
+    ),
+    ENGINE + "attempts.x_after_backoff__mutmut_17": Equivalent(
+        "begin_round(state, None, now)",
+        "`begin_round` never reads its event (see `attempts.x_after_backoff_stall__mutmut_16`)",
+    ),
+    ENGINE + "attempts.x_recorded__mutmut_18": Equivalent(
+        "fleet_error=None)",
+        "`fleet_error` is only read for its truth (`rounds.admitted`); None and False are "
+        "both false",
+    ),
+    ENGINE + "attempts.x_settled__mutmut_8": Equivalent(
+        "charged=False, down=None)",
+        "`_conclude` reads `down` only for its truth (see `x_outage_progress__mutmut_11`)",
+    ),
+    ENGINE + "attempts.x_settled__mutmut_20": Equivalent(
+        "down=None, refund=True)",
+        "`_conclude` reads `down` only for its truth (see `x_outage_progress__mutmut_11`)",
+    ),
+    ENGINE + "attempts.x_settled__mutmut_48": Equivalent(
+        "charged=True, down=None)",
+        "`_conclude` reads `down` only for its truth (see `x_outage_progress__mutmut_11`)",
+    ),
+    WAIT + "__mutmut_23": Equivalent(
+        "woken = None",
+        "the engine reads `Waited.woken` only for its truth (`rounds.after_queue_wait`); "
+        "None and False are both false",
+    ),
+    WAIT + "__mutmut_24": Equivalent(
+        "woken = True",
+        "`woken` is read only after a wait in the queues, a jittered poll (at least "
+        "0.005 s: `poll_interval_s` >= 0.01) cut to the deadline, so it is left unslept "
+        "only once the deadline has come, when the engine begins a round woken or not",
+    ),
+    WAIT + "__mutmut_27": Equivalent(
+        '"no_runnable" or released is not None',
+        "a wait for a runnable source follows a refusal in the round whose release watch "
+        "`_admit` opened (it ends with the round), a backoff follows a grant, which ended "
+        "it: the watch is held exactly when the cause is `no_runnable`",
+    ),
+}
+
 # Outcomes that leave a promise unchecked: mutmut's statuses other than these.
 KILLED = {"killed", "timeout", "caught by type check"}
 NOT_REACHED = "no tests"

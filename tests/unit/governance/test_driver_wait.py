@@ -1,0 +1,71 @@
+"""The driver's waits, in virtual time: how long each sleeps and what it reports.
+
+The engine says how long to wait (`core.engine.Wait`); the driver jitters it or
+not as told, cuts it to its cap, emits no wait of nothing, and names the call and
+the round's blockers in the wait's telemetry event.
+"""
+
+from __future__ import annotations
+
+from polygate_celery import MemoryStore
+from polygate_celery.store import AdmitRequest, Denial, Grant
+from polygate_celery.telemetry import CallEvent, WaitEvent
+from polygate_celery.testing import ScriptedSource, VirtualClock, steps
+from tests.conftest import GatewayFactory, Recorder, make_config
+
+
+class BookingStore(MemoryStore):
+    """Refuses the first admission with a quota slot booked 10 s ahead."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(clock)
+        self.refused = False
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        if not self.refused:
+            self.refused = True
+            return Denial(None, (("a", "quota"),), booked_in_s=10.0)
+        return await super().admit(request)
+
+
+async def test_a_booked_slot_is_waited_for_exactly_and_each_wait_names_its_call(
+    clock: VirtualClock, own_store_gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    """A booked quota slot is asked for again exactly when it comes (no jitter, the
+    gateway's draw is 0); the backoff after a failure is jittered (x0.5). Each wait's
+    event names the call; only a wait for a runnable source names the blockers."""
+    source = ScriptedSource(clock, [steps.server_error(status=503), steps.ok("y")])
+    config = make_config("chat", backoff_base_s=4)
+    gw = own_store_gateway(config, {"a": source}, store=BookingStore(clock))
+
+    result = await gw.call("s", "x")
+
+    assert result.value == "y"
+    assert [a.started_s for a in result.attempts] == [10.0, 12.0]
+    (call,) = recorder.of(CallEvent)
+    waits = recorder.of(WaitEvent)
+    assert waits == [
+        WaitEvent("s", "no_runnable", 0.0, 10.0, (("a", "quota"),)),
+        WaitEvent("s", "backoff", 10.0, 2.0, ()),
+    ]
+    assert [w.call_id for w in waits] == [call.call_id] * 2
+    assert call.call_id is not None
+    await gw.aclose()
+
+
+async def test_a_wait_cut_to_nothing_sleeps_not_and_is_not_reported(
+    clock: VirtualClock, own_store_gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    """A cut first token fails over at once (rule 17): its backoff is cut to 0 s, so
+    the driver neither sleeps nor reports a wait."""
+    primary = ScriptedSource(clock, [steps.stuck_first_token()], ttft_timeout_s=15.0)
+    fallback = ScriptedSource(clock, [steps.ok("b", duration_s=1.0)], ttft_timeout_s=15.0)
+    config = make_config("chat", {"a": {}, "b": {}})
+    gw = own_store_gateway(config, {"a": primary, "b": fallback}, store=MemoryStore(clock))
+
+    result = await gw.call("s", "x")
+
+    assert result.source == "b"
+    assert result.attempts[1].started_s == 15.0
+    assert recorder.of(WaitEvent) == []
+    await gw.aclose()
