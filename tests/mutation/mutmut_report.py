@@ -48,12 +48,6 @@ EQUIVALENT: dict[str, Equivalent] = {
         "attempt numbers are never negative, so any negative default puts a source that "
         "has not failed first; -1 and -2 order every reachable input alike",
     ),
-    "polygate_celery.core.backoff.x_backoff_delay__mutmut_14": Equivalent(
-        "min(n - 1, 65)",
-        "the exponent cap (an overflow guard) moves from 64 to 65; the delay differs only "
-        "when backoff_base_s * 2**64 < backoff_max_s (a base below 3e-18 s at the 60 s "
-        "cap), where SPEC's formula is met by neither",
-    ),
     "polygate_celery.core.stall.xǁAttemptǁ__init____mutmut_1": Equivalent(
         "self.refunded = None",
         "the flag is only read for its truth (`if not attempt.refunded`); None and False "
