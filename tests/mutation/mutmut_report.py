@@ -181,11 +181,6 @@ EQUIVALENT |= {
         "begin_round(state, None, now)",
         "`begin_round` never reads its event (see `attempts.x_after_backoff_stall__mutmut_16`)",
     ),
-    ENGINE + "attempts.x_recorded__mutmut_18": Equivalent(
-        "fleet_error=None)",
-        "`fleet_error` is only read for its truth (`rounds.admitted`); None and False are "
-        "both false",
-    ),
     ENGINE + "attempts.x_settled__mutmut_8": Equivalent(
         "charged=False, down=None)",
         "`_conclude` reads `down` only for its truth (see `x_outage_progress__mutmut_11`)",
