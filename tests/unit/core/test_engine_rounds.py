@@ -35,28 +35,21 @@ from polygate_celery.core.engine import (
     start,
 )
 from polygate_celery.core.outcome import Outcome
+from tests.unit.core import test_engine_rules as rule_tests
 
 BREAKERS_OPEN = (("a", "breaker_open"), ("b", "breaker_open"))
 AT_CAPACITY = (("a", "at_capacity"), ("b", "at_capacity"))
 
 
 def make_rules(**overrides: object) -> CallRules:
-    fields: dict[str, object] = {
-        "sources": ("a", "b"),
-        "timeouts": {"a": 30.0, "b": 30.0},
+    """The rules' tests' call, with a direct caller's charging: 429s and outages burn
+    the retry budget, five attempts."""
+    defaults: dict[str, object] = {
         "rate_limit_exempt": False,
         "max_attempts": 5,
-        "stall_window_s": 300.0,
-        "max_call_s": 10_000.0,
-        "backoff_base_s": 2.0,
-        "backoff_max_s": 60.0,
-        "poll_interval_s": 1.0,
-        "retry_after_cap_s": 3600.0,
-        "claim_s": 3.0,
         "outage_charge": "retry_budget",
     }
-    fields.update(overrides)
-    return CallRules(**fields)  # type: ignore[arg-type]
+    return rule_tests.make_rules(**(defaults | overrides))
 
 
 def fail_and_back_off(state: CallState, source: str, outcome: Outcome, now: float) -> Step:
