@@ -69,3 +69,50 @@ async def test_a_wait_cut_to_nothing_sleeps_not_and_is_not_reported(
     assert result.attempts[1].started_s == 15.0
     assert recorder.of(WaitEvent) == []
     await gw.aclose()
+
+
+class QueueingStore(MemoryStore):
+    """Refuses the first admission for capacity alone: the call waits in the queue."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(clock)
+        self.refused = False
+
+    async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        if not self.refused:
+            self.refused = True
+            return Denial(None, (("a", "at_capacity"),))
+        return await super().admit(request)
+
+
+async def test_a_place_lost_as_its_wait_ends_sends_the_call_to_ask_again_at_once(
+    clock: VirtualClock, own_store_gateway: GatewayFactory, recorder: Recorder
+) -> None:
+    """A queued call whose place is lost in the step its poll ends (here: lost while the
+    wait's event is emitted, after its timer won) asks for a permit at once, without
+    waiting again."""
+    source = ScriptedSource(clock, [steps.ok("y")])
+    lost_at: list[float] = []
+
+    def lose_the_place(event: object) -> None:
+        if isinstance(event, WaitEvent) and not lost_at:
+            place = gw._runtime.places._places.get(event.call_id or "")
+            if place is not None:
+                place.lost.set()
+                lost_at.append(clock.now())
+
+    gw = own_store_gateway(
+        make_config("chat"),
+        {"a": source},
+        store=QueueingStore(clock),
+        hooks=[recorder, lose_the_place],
+    )
+
+    result = await gw.call("s", "x")
+
+    assert result.value == "y"
+    assert len(lost_at) == 1
+    # One poll, then a new round at once: no second wait for a place already lost.
+    assert [w.cause for w in recorder.of(WaitEvent)] == ["no_runnable"]
+    assert result.attempts[0].started_s == lost_at[0]
+    await gw.aclose()
