@@ -14,18 +14,20 @@ from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory, Recorder, make_config
 
 
-class BookingStore(MemoryStore):
-    """Refuses the first admission with a quota slot booked 10 s ahead."""
+class RefusingOnceStore(MemoryStore):
+    """Refuses the first admission with `denial`, then admits as the memory store does."""
 
-    def __init__(self, clock: VirtualClock) -> None:
+    def __init__(self, clock: VirtualClock, denial: Denial) -> None:
         super().__init__(clock)
-        self.refused = False
+        self.denial: Denial | None = denial
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
-        if not self.refused:
-            self.refused = True
-            return Denial(None, (("a", "quota"),), booked_in_s=10.0)
-        return await super().admit(request)
+        denial, self.denial = self.denial, None
+        return denial if denial is not None else await super().admit(request)
+
+
+BOOKED = Denial(None, (("a", "quota"),), booked_in_s=10.0)  # a quota slot booked 10 s ahead
+QUEUED = Denial(None, (("a", "at_capacity"),))  # refused for capacity alone: queued
 
 
 async def test_a_booked_slot_is_waited_for_exactly_and_each_wait_names_its_call(
@@ -36,7 +38,7 @@ async def test_a_booked_slot_is_waited_for_exactly_and_each_wait_names_its_call(
     event names the call; only a wait for a runnable source names the blockers."""
     source = ScriptedSource(clock, [steps.server_error(status=503), steps.ok("y")])
     config = make_config("chat", backoff_base_s=4)
-    gw = own_store_gateway(config, {"a": source}, store=BookingStore(clock))
+    gw = own_store_gateway(config, {"a": source}, store=RefusingOnceStore(clock, BOOKED))
 
     result = await gw.call("s", "x")
 
@@ -71,20 +73,6 @@ async def test_a_wait_cut_to_nothing_sleeps_not_and_is_not_reported(
     await gw.aclose()
 
 
-class QueueingStore(MemoryStore):
-    """Refuses the first admission for capacity alone: the call waits in the queue."""
-
-    def __init__(self, clock: VirtualClock) -> None:
-        super().__init__(clock)
-        self.refused = False
-
-    async def admit(self, request: AdmitRequest) -> Grant | Denial:
-        if not self.refused:
-            self.refused = True
-            return Denial(None, (("a", "at_capacity"),))
-        return await super().admit(request)
-
-
 async def test_a_place_lost_as_its_wait_ends_sends_the_call_to_ask_again_at_once(
     clock: VirtualClock, own_store_gateway: GatewayFactory, recorder: Recorder
 ) -> None:
@@ -104,7 +92,7 @@ async def test_a_place_lost_as_its_wait_ends_sends_the_call_to_ask_again_at_once
     gw = own_store_gateway(
         make_config("chat"),
         {"a": source},
-        store=QueueingStore(clock),
+        store=RefusingOnceStore(clock, QUEUED),
         hooks=[recorder, lose_the_place],
     )
 
