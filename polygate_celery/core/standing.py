@@ -1,0 +1,90 @@
+"""Decision core: where a waiting call stands — its priority class, its tenant's share
+(SPEC §8).
+
+Calls waiting for the same source stand in one queue, ordered by class (rank 0 is
+the highest), then, within a class, by weighted fair queuing on tokens: a call's
+tag is its tenant's virtual finish time, ``max(V, F_tenant) + cost / weight``,
+where ``V`` is the tag of the class's last call served and the cost its estimated
+tokens (at least 1, so one tenant's calls keep their order). Backlogged tenants
+weighted 1:2:5 are then served tokens in that ratio, and an idle tenant's share
+goes to the others at once (its old tag falls behind ``V``). A class's tags start
+again from 0 when its queue empties, so they stay small.
+
+A class's floor (`min_share`) is the share of grants it keeps while it has
+waiters: at each hand-over, a class with waiters whose share of the recent grants
+(counters decayed by `DECAY` per grant) is below its floor is served before the
+higher classes. The stores keep the state (the tags, the counters); these
+functions decide, and the Redis scripts mirror them (`standing.lua`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# Each grant multiplies every class's counter by this before adding 1 to the class
+# served: the counters weigh about the last 1 / (1 - DECAY) = 50 grants.
+DECAY = 0.98
+
+# A tag never reaches this: the rank goes above it in a queue's score.
+RANK_SPAN = 2.0**40
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A call's place among the waiters of a source: its class's `rank` (0 highest), its
+    `tenant` ("" for none) and the tenant's `weight`, and every class's floor
+    (`floors[rank]`, the `min_share` of grants it keeps while it waits; () for none)."""
+
+    rank: int = 0
+    tenant: str = ""
+    weight: float = 1.0
+    floors: tuple[float, ...] = ()
+
+    @property
+    def plain(self) -> bool:
+        """One class, no tenant: the queue is first come, first served."""
+        return self.rank == 0 and not self.tenant and not any(self.floors)
+
+
+PLAIN = Standing()
+
+
+def tag(virtual: float, finish: float | None, est_tokens: int, weight: float) -> float:
+    """A waiter's fair-queuing tag in its class: its tenant's next virtual finish."""
+    start = virtual if finish is None or finish < virtual else finish
+    return start + max(est_tokens, 1) / weight
+
+
+def score(rank: int, tag_: float) -> float:
+    """A waiter's score in its source's queue: lower is served first."""
+    return rank * RANK_SPAN + min(tag_, RANK_SPAN - 1)
+
+
+def rank_of(score_: float) -> int:
+    """The class rank a queue score belongs to."""
+    return int(score_ // RANK_SPAN)
+
+
+def served_counts(counts: Mapping[int, float], rank: int) -> dict[int, float]:
+    """The grant counters after a grant to class `rank`."""
+    decayed = {r: c * DECAY for r, c in counts.items()}
+    decayed[rank] = decayed.get(rank, 0.0) + 1.0
+    return decayed
+
+
+def next_class(waiting: Sequence[int], counts: Mapping[int, float], floors: Sequence[float]) -> int:
+    """Which class is served next, of the ranks with waiters (`waiting`, non-empty): the
+    one furthest below its floor, if any is below it, else the highest."""
+    total = sum(counts.values())
+    below: list[tuple[float, int]] = []
+    for rank in waiting:
+        floor = floors[rank] if rank < len(floors) else 0.0
+        if floor <= 0:
+            continue
+        share = counts.get(rank, 0.0) / total if total > 0 else 0.0
+        if share < floor:
+            below.append((share / floor, rank))
+    if below:
+        return min(below)[1]
+    return min(waiting)
