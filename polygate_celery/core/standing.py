@@ -27,7 +27,7 @@ from dataclasses import dataclass
 DECAY = 0.98
 
 # A tag never reaches this: the rank goes above it in a queue's score.
-RANK_SPAN = 2.0**40
+RANK_SPAN = 2.0**48
 
 
 @dataclass(frozen=True, slots=True)

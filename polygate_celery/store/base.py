@@ -23,6 +23,7 @@ from polygate_celery.core.breaker import BreakerMode, Effect
 from polygate_celery.core.engine import Refused
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.selection import BlockReason as BlockReason  # noqa: PLC0414 (the store names it)
+from polygate_celery.core.standing import PLAIN, Standing
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 
 # How long a scope's last success counts (`Store.progress_age_s`: older is none).
@@ -67,6 +68,9 @@ class AdmitRequest:
     grant): the store need not look for one.
 
     Stores read these four fields together, as `wait` (a `WaitMode`), never one by one.
+
+    `standing` places the caller in a source's queue (`core.standing`): its class
+    first, then its tenant's fair share of tokens, `est_tokens` being its cost.
     """
 
     scope: str
@@ -80,6 +84,7 @@ class AdmitRequest:
     queued: bool = True
     book_within_s: float = 0.0
     booked: bool = True
+    standing: Standing = PLAIN
 
     @property
     def wait(self) -> WaitMode:

@@ -65,7 +65,7 @@ def admit(ledger: Ledger, request: AdmitRequest, now: float) -> AdmitResult:
             return _grant(ledger, terms, state, say, booking, request, waiter, now)
         if waiter is not None and not mine and say.reasons == ("at_capacity",):
             # joins the queue (or keeps its place) and renews its claim
-            state.queue[waiter] = (now + request.claim_s, request.claim_s)
+            state.join(waiter, request.standing, request.est_tokens, request.claim_s, now)
         if booking is not None:  # kept while the call waits on
             booking[1] = max(booking[1], now + request.claim_s)
         only_quota = set(say.reasons) == {"quota"}

@@ -16,9 +16,29 @@ from dataclasses import dataclass, field
 from polygate_celery.core.aimd import AimdState, aimd_initial, aimd_permits
 from polygate_celery.core.breaker import BreakerState
 from polygate_celery.core.quota import WINDOW_S
+from polygate_celery.core.standing import (
+    RANK_SPAN,
+    Standing,
+    next_class,
+    rank_of,
+    score,
+    served_counts,
+    tag,
+)
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.memory.learned import Learned
 from polygate_celery.store.releases import ReleaseHub
+
+
+@dataclass
+class Fair:
+    """A source's fair-queuing state (`core.standing`): per class its virtual time and
+    grant counter, per class and tenant the last tag given, and the classes' floors."""
+
+    virtual: dict[int, float] = field(default_factory=dict)
+    finish: dict[tuple[int, str], float] = field(default_factory=dict)
+    counts: dict[int, float] = field(default_factory=dict)
+    floors: tuple[float, ...] = ()
 
 
 @dataclass
@@ -28,9 +48,11 @@ class SourceState:
     permits: set[str] = field(default_factory=set)
     paused_until: float = -math.inf
     learned: Learned = field(default_factory=Learned)
-    # Waiting calls, first come first served: call id -> (end of its claim, claim_s);
-    # and permits a release handed to one of them: call id -> end of its claim.
-    queue: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Waiting calls: call id -> (end of its claim, claim_s, its score: class, then
+    # fair-queuing tag, `core.standing`); and permits a release handed to one of
+    # them: call id -> end of its claim.
+    queue: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    fair: Fair = field(default_factory=Fair)
     handed: dict[str, float] = field(default_factory=dict)
     # Quota slots booked by waiting calls: call id -> [slot, end of its claim].
     booked: dict[str, list[float]] = field(default_factory=dict)
@@ -53,13 +75,42 @@ class SourceState:
                 del self.handed[call_id]
         return len(self.permits) + len(self.handed)
 
+    def join(
+        self, call_id: str, standing: Standing, est_tokens: int, claim_s: float, now: float
+    ) -> None:
+        """The call joins the queue, its place given by its standing; or, queued
+        already, keeps its place and renews its claim."""
+        place = self.queue.get(call_id)
+        if place is not None:
+            self.queue[call_id] = (now + claim_s, claim_s, place[2])
+            return
+        fair, rank = self.fair, standing.rank
+        key = (rank, standing.tenant)
+        fair.finish[key] = tagged = tag(
+            fair.virtual.get(rank, 0.0), fair.finish.get(key), est_tokens, standing.weight
+        )
+        fair.floors = standing.floors  # (as the last joining call's configuration says)
+        self.queue[call_id] = (now + claim_s, claim_s, score(rank, tagged))
+
     def first_live_waiter(self, now: float) -> tuple[str, float] | None:
-        """The first waiter whose claim has not ended, out of the queue, with its claim_s."""
+        """The waiter served next (its class first, its fair-queuing tag within the
+        class, `core.standing`), out of the queue, with its claim_s; a waiter it comes
+        to whose claim has ended is dropped, and the next one is looked for."""
+        fair = self.fair
         while self.queue:
-            call_id = next(iter(self.queue))
-            claim_end, claim_s = self.queue.pop(call_id)
-            if claim_end > now:
-                return call_id, claim_s
+            ranks = sorted({rank_of(place[2]) for place in self.queue.values()})
+            rank = next_class(ranks, fair.counts, fair.floors) if fair.floors else ranks[0]
+            call_id = min(
+                (c for c, place in self.queue.items() if rank_of(place[2]) == rank),
+                key=lambda c: self.queue[c][2],
+            )
+            claim_end, claim_s, served = self.queue.pop(call_id)
+            if claim_end <= now:
+                continue
+            fair.virtual[rank] = served - rank * RANK_SPAN
+            if fair.floors:
+                fair.counts = served_counts(fair.counts, rank)
+            return call_id, claim_s
         return None
 
 

@@ -134,7 +134,11 @@ class MemoryStore:
             )
             place = state.queue.get(call_id) if merely_full else None
             if place is not None:  # (still there: not passed over, even if its claim ran out)
-                state.queue[call_id] = (max(place[0], now + claim_s), claim_s)  # (order kept)
+                state.queue[call_id] = (
+                    max(place[0], now + claim_s),
+                    claim_s,
+                    place[2],
+                )  # (order kept)
             kept.append(place is not None)
             if merely_full:
                 full_only[terms.name] = (terms, state)

@@ -9,12 +9,14 @@ changes, in the order the scripts' headers give, and the one reading of each rep
 
 from __future__ import annotations
 
+import functools
 import math
 from enum import IntEnum
 from typing import Any
 
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import counts_in_windows
+from polygate_celery.core.standing import PLAIN, Standing
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import (
     AdmitRequest,
@@ -64,7 +66,7 @@ def fmt(x: float) -> str:
 
 
 def encode_admit(request: AdmitRequest, now: bytes) -> tuple[bytes, ...]:
-    """admit.lua's per-call arguments, ARGV[1..8]."""
+    """admit.lua's per-call arguments, ARGV[1..9]."""
     return (
         now,
         request.permit_id.encode(),
@@ -74,7 +76,17 @@ def encode_admit(request: AdmitRequest, now: bytes) -> tuple[bytes, ...]:
         fmt(request.probe_lease_s).encode() if request.gate else b"",
         fmt(request.claim_s).encode(),
         fmt(request.book_within_s).encode() if request.book_within_s > 0 else b"",
+        b"" if request.standing is PLAIN else standing_arg(request.standing),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def standing_arg(standing: Standing) -> bytes:
+    """A caller's standing as admit.lua's ARGV[9] reads it (see its header)."""
+    if standing == PLAIN:
+        return b""
+    floors = ",".join(fmt(f) for f in standing.floors)
+    return f"{standing.rank}|{fmt(standing.weight)}|{standing.tenant}|{floors}".encode()
 
 
 def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResult:

@@ -31,6 +31,7 @@ from polygate_celery.core.quota import (
     WINDOW_KEPT_S,
     WINDOW_S,
 )
+from polygate_celery.core.standing import DECAY, RANK_SPAN
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.base import GATE_KEPT_S, PROGRESS_TTL_S, AdmitRequest
 from polygate_celery.store.redis.codec import fmt
@@ -43,10 +44,15 @@ _COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
 _SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "quota")
 # What core's and the store's constants admit.lua and settle.lua read (their headers):
 # sent with the terms, packed once, so each script has one source for each.
+STANDING_CONSTANTS = (fmt(RANK_SPAN), fmt(DECAY))  # standing.lua's, in every script with it
 _ADMIT_CONSTANTS = tuple(
-    fmt(x).encode() for x in (LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S, BOOKING_SLACK_S)
+    fmt(x).encode()
+    for x in (LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S, BOOKING_SLACK_S, RANK_SPAN, DECAY)
 )
-_SETTLE_CONSTANTS = tuple(fmt(x) for x in (LEARNED_TTL_S, RESET_EVIDENCE_S, GATE_KEPT_S))
+_SETTLE_CONSTANTS = (
+    *(fmt(x) for x in (LEARNED_TTL_S, RESET_EVIDENCE_S, GATE_KEPT_S)),
+    *STANDING_CONSTANTS,
+)
 _ANY = translated()  # a script of another layer's: the message is Redis's own
 
 

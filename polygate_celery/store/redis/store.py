@@ -54,6 +54,7 @@ from polygate_celery.store.redis.errors import bad_reply, reading
 from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.redis.scripts import (
+    STANDING_CONSTANTS,
     LuaScript,
     _Commands,
     _flags,
@@ -198,6 +199,7 @@ class RedisStore:
         for sources in by_tag.values():
             keys: list[str] = []
             args: list[str | int | float] = [self._now(), self._origin, self.keys.wake]
+            args += STANDING_CONSTANTS
             order: list[int] = []
             for terms, indices in sources.items():
                 name = terms.name

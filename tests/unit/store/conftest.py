@@ -15,6 +15,7 @@ import pytest
 
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import RateLimits
+from polygate_celery.core.standing import PLAIN, Standing
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store import (
     AdmitRequest,
@@ -47,6 +48,7 @@ class Harness:
         waiter: str = "",
         claim_s: float = 3.0,
         book_within_s: float = 0.0,
+        standing: Standing = PLAIN,
     ) -> Grant | Denial:
         """Admit; `waiter` (a call id) waits if refused: it queues, claiming `claim_s`, and
         books a quota's slot up to `book_within_s` ahead."""
@@ -58,6 +60,7 @@ class Harness:
             call_id=waiter,
             claim_s=claim_s if waiter else 0.0,
             book_within_s=book_within_s,
+            standing=standing,
         )
         return await self.store.admit(request)
 

@@ -25,8 +25,10 @@
 --                                                sliding window; members older than the
 --                                                window are dropped when it is full); a
 --                                                placeholder likewise
---   KEYS[6i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> arrival (FIFO, fleet-wide); a
---                                                waiter is "<origin> <call id> <claim s>"
+--   KEYS[6i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> its place (fleet-wide): its class's
+--                                                rank x RANK_SPAN + its fair-queuing tag
+--                                                (see handover.lua); a waiter is
+--                                                "<origin> <call id> <claim s>"
 --   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
 --                                                each of its admissions); "@<call id>": a
 --                                                quota slot that call booked -> the slot
@@ -48,11 +50,15 @@
 -- ARGV[8]   how far ahead a waiting caller refused by quota buckets alone books the
 --           soonest slot they give ("" or 0: it does not book): the buckets are charged
 --           as at that slot, and from the slot on it is admitted there uncharged
--- ARGV[9]   lease seconds     ARGV[10]  the caller's origin (its process)
--- ARGV[11]  the wake-up channel of origin X is this text followed by X
--- ARGV[12..15]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
---           BOOKING_SLACK_S (packed once with the terms, scripts.py)
--- ARGV[16..21] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
+-- ARGV[9]   the caller's standing (core.standing): "" for the plain one (rank 0, no
+--           tenant, weight 1, no floors), else "<rank>|<weight>|<tenant>|<floors>",
+--           floors the classes' min_share by rank, comma-separated ("" for none)
+-- ARGV[10]  lease seconds     ARGV[11]  the caller's origin (its process)
+-- ARGV[12]  the wake-up channel of origin X is this text followed by X
+-- ARGV[13..16]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
+--           BOOKING_SLACK_S; ARGV[17..18] core.standing's RANK_SPAN and DECAY (packed
+--           once with the terms, scripts.py)
+-- ARGV[19..24] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
 --           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket;
 --           -1: not declared: as a bucket, or the provider's window while its answers
 --           show one (core.quota.window_take); else a sliding window of this length)
@@ -82,15 +88,19 @@
 -- Numbers handed to redis.call are written as %.17g, as fmt() does.
 -- Parts: the scope's gate (admit_gate), each candidate's breaker (admit_breaker) and
 -- quotas (admit_quota, gcra), the booking of a quota's slot (admit_booking), the
--- hand-over of a permit to the next waiter (handover).
+-- hand-over of a permit to the next waiter (handover), a waiter's place in a queue
+-- (standing).
 
 -- include: clock
 -- include: gcra
--- include: handover
 
-local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[12]), tonumber(ARGV[13])
-local MARGIN_S, SLACK_S = tonumber(ARGV[14]), tonumber(ARGV[15])
-local T = 15  -- the arguments before the candidates'
+local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[13]), tonumber(ARGV[14])
+local MARGIN_S, SLACK_S = tonumber(ARGV[15]), tonumber(ARGV[16])
+local RANK_SPAN, DECAY = tonumber(ARGV[17]), tonumber(ARGV[18])
+local T = 18  -- the arguments before the candidates'
+
+-- include: standing
+-- include: handover
 
 -- include: admit_gate
 -- include: admit_breaker
@@ -106,7 +116,7 @@ local handed = '~' .. call
 local booked = '@' .. call
 local claim_s = tonumber(ARGV[7])
 local book_within = tonumber(ARGV[8]) or 0
-local function waiter() return ARGV[10] .. ' ' .. call .. ' ' .. ARGV[7] end
+local function waiter() return ARGV[11] .. ' ' .. call .. ' ' .. ARGV[7] end
 
 -- A repeated admit returns its first grant. With one candidate and no queue to look
 -- in, the permit's presence is checked where it matters instead: when adding it, and
@@ -210,7 +220,9 @@ for i = 1, n do
     -- (above): the others would be refused alike, and poll.
     if not mine and waits ~= '0' and #reasons == 1 and reasons[1] == 'at_capacity' then
       local w = waiter()
-      redis.call('ZADD', KEYS[6 * i - 1], 'NX', now, w)
+      if not redis.call('ZSCORE', KEYS[6 * i - 1], w) then  -- (queued already: kept)
+        redis.call('ZADD', KEYS[6 * i - 1], place(skey, ARGV[9], est), w)
+      end
       redis.call('ZADD', KEYS[6 * i], now + claim_s, w)
     end
     local only_quota = true
@@ -226,11 +238,11 @@ for i = 1, n do
     end
   else
     if unchecked then  -- (still unchecked: ZADD NX tells)
-      if redis.call('ZADD', pkey, 'NX', now + tonumber(ARGV[9]), permit) == 0 then
+      if redis.call('ZADD', pkey, 'NX', now + tonumber(ARGV[10]), permit) == 0 then
         return {1, name, fmt(now)}  -- held already: its first grant
       end
     else
-      redis.call('ZADD', pkey, now + tonumber(ARGV[9]), permit)
+      redis.call('ZADD', pkey, now + tonumber(ARGV[10]), permit)
     end
     local fields = {}
     if take_probe then
@@ -268,8 +280,8 @@ for i = 1, n do
         if j ~= i and slot_of[j] then redis.call('ZREM', alive, booked) end  -- lapses unused
         if j > i and handed_until[j] then
           redis.call('ZREM', KEYS[6 * j - 5], handed)
-          hand_on(KEYS[6 * j - 5], queue, alive, now, ARGV[11], ARGV[T + 6 * j - 5],
-            ARGV[10], reply)
+          hand_on(KEYS[6 * j - 5], queue, alive, KEYS[6 * j - 4], now, ARGV[12],
+            ARGV[T + 6 * j - 5], ARGV[11], reply)
         end
       end
     end

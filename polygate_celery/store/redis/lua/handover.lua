@@ -1,18 +1,20 @@
--- handover.lua: included by admit.lua and keep.lua (a line "-- include: handover"),
--- not a script of its own.
+-- handover.lua: included by admit.lua, settle.lua and keep.lua (a line "-- include:
+-- handover"), after standing.lua; not a script of its own.
 
--- The first live waiter of a queue gets the permit just freed: it is held for the
--- waiter until its claim ends, and the waiter's process is told (one message), or,
--- when it is the caller's own process, named in the reply (`local_wakes`). Returns
--- whether a live waiter was found.
-local function hand_on(pkey, queue, alive, now, channel, name, own_origin, local_wakes)
+-- The live waiter served next (its class, its fair share: standing.lua) gets the
+-- permit just freed: it is held for the waiter until its claim ends, and the waiter's
+-- process is told (one message), or, when it is the caller's own process, named in
+-- the reply (`local_wakes`). Waiters whose claim has ended are dropped on the way.
+-- Returns whether a live waiter was found.
+local function hand_on(pkey, queue, alive, skey, now, channel, name, own_origin, local_wakes)
   while true do
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    local head, score, floors = next_waiter(queue, skey)
     if not head then return false end
     local claim_end = tonumber(redis.call('ZSCORE', alive, head) or '-1e300')
     redis.call('ZREM', queue, head)
     redis.call('ZREM', alive, head)
     if claim_end > now then
+      served(skey, score, floors)
       local origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
       redis.call('ZADD', pkey, now + tonumber(claim), '~' .. call)
       if origin == own_origin then

@@ -6,13 +6,15 @@
 -- admission then says why, and it polls).
 --
 -- KEYS[4i-3]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (admit.lua)
--- KEYS[4i-2]  {p}:v1:src:<name>:state    HASH  mode probe limit paused_until (read only)
--- KEYS[4i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> arrival (admit.lua)
+-- KEYS[4i-2]  {p}:v1:src:<name>:state    HASH  mode probe limit paused_until; the fair
+--                                                queuing fields (standing.lua)
+-- KEYS[4i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> its place (admit.lua)
 -- KEYS[4i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (admit.lua)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  the caller's origin (its process)
 -- ARGV[3]  the wake-up channel of origin X is this text followed by X
--- ARGV[4..] per source i, in KEYS' order: name, cap, initial AIMD limit (0: the cap),
+-- ARGV[4..5]  core.standing's RANK_SPAN and DECAY (standing.lua)
+-- ARGV[6..] per source i, in KEYS' order: name, cap, initial AIMD limit (0: the cap),
 --          k (its places), then k pairs: call id, claim seconds as the call's admit
 --          sent them (the waiter is "<origin> <call id> <claim s>")
 -- Returns  {kept_1, ..., kept_m, call, name, ...}: per place in order, 1 if its claim
@@ -23,12 +25,16 @@
 -- Time: Redis TIME unless ARGV[1] is given.
 
 -- include: clock
+
+local RANK_SPAN, DECAY = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+-- include: standing
 -- include: handover
 
 local now = store_now(ARGV[1])
 local origin, channel = ARGV[2], ARGV[3]
 local kept, wakes = {}, {}
-local a = 4
+local a = 6
 for i = 1, #KEYS / 4 do
   local pkey, skey, queue, alive = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local name, cap, initial, k = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
@@ -54,7 +60,7 @@ for i = 1, #KEYS / 4 do
     if in_use >= permits then  -- full: reclaim the leases expired by now, count again
       in_use = in_use - redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
     end
-    while in_use < permits and hand_on(pkey, queue, alive, now, channel, name, origin, wakes) do
+    while in_use < permits and hand_on(pkey, queue, alive, skey, now, channel, name, origin, wakes) do
       in_use = in_use + 1
     end
   end

@@ -18,7 +18,7 @@
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
 -- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
--- KEYS[6]  {p}:v1:src:<name>:queue     ZSET  waiters -> arrival (see admit.lua)
+-- KEYS[6]  {p}:v1:src:<name>:queue     ZSET  waiters -> their place (see admit.lua)
 -- KEYS[7]  {p}:v1:src:<name>:alive     ZSET  waiters -> end of their claim
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
@@ -42,11 +42,12 @@
 -- ARGV[19..27]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
 --          AIMD increase, AIMD decrease factor, AIMD initial (0: the cap); tpm (0: none);
 --          progress TTL seconds
--- ARGV[28..30]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S
---          (packed once with the terms, scripts.py)
+-- ARGV[28..30]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S;
+--          ARGV[31..32] core.standing's RANK_SPAN and DECAY (packed once with the terms,
+--          scripts.py)
 -- Returns  0 if the permit was not held; else it is released and, when the source can
---          run another call, handed to the first live waiter of the source's queue
---          (fleet-wide FIFO): 1 (no waiter, or one of another process, told by a message
+--          run another call, handed to the live waiter served next (standing.lua)
+--          (fleet-wide, by class and fair share): 1 (no waiter, or one of another process, told by a message
 --          on its channel), or the waiter's call id when it belongs to the settling
 --          process (which wakes it without a message). When the settle changed a state
 --          an operator must hear of, the reply is {that result, breaker change ("opened",
@@ -62,6 +63,9 @@
 
 local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[28]), tonumber(ARGV[29]),
   tonumber(ARGV[30])
+local RANK_SPAN, DECAY = tonumber(ARGV[31]), tonumber(ARGV[32])
+
+-- include: standing
 
 local permit = ARGV[2]
 local held = redis.call('ZREM', KEYS[1], permit) == 1
@@ -218,9 +222,9 @@ if tpm > 0 and est > 0 then
   end
 end
 
--- hand the freed permit to the first live waiter, if the source can run a call now
-local head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
-if not head then return reply(1) end  -- nobody waits: nothing more to do
+-- hand the freed permit to the live waiter served next (standing.lua), if the source
+-- can run a call now
+if redis.call('ZCARD', KEYS[6]) == 0 then return reply(1) end  -- nobody waits
 if mode == 'open' or probe or paused_until > now then return reply(1) end  -- waiters poll
 local in_use = redis.call('ZCARD', KEYS[1])
 local permits = math.max(1, math.min(cap, math.floor(limit)))
@@ -229,17 +233,18 @@ if in_use >= permits then  -- full: reclaim the leases expired by now, count aga
 end
 if in_use >= permits then return reply(1) end
 local origin, name = ARGV[16], ARGV[17]
-while head do
+while true do
+  local head, score, floors = next_waiter(KEYS[6], skey)
+  if not head then return reply(1) end
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
   redis.call('ZREM', KEYS[6], head)
   redis.call('ZREM', KEYS[7], head)
   if claim_end > now then
+    served(skey, score, floors)
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return reply(call) end
     redis.call('PUBLISH', ARGV[18] .. waiter_origin, call .. ' ' .. name)
     return reply(1)
   end
-  head = redis.call('ZRANGE', KEYS[6], 0, 0)[1]
 end
-return reply(1)

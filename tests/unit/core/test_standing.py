@@ -1,0 +1,73 @@
+"""Decision core: a waiting call's standing (`core.standing`): tags, scores, floors."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from polygate_celery.core.standing import (
+    DECAY,
+    RANK_SPAN,
+    next_class,
+    rank_of,
+    score,
+    served_counts,
+    tag,
+)
+
+
+def test_a_tenant_backlogged_starts_after_its_last_tag() -> None:
+    assert tag(10.0, 40.0, 100, 2.0) == 90.0
+
+
+def test_an_idle_tenant_starts_at_the_class_virtual_time() -> None:
+    assert tag(50.0, 20.0, 100, 1.0) == 150.0
+    assert tag(50.0, None, 100, 1.0) == 150.0
+
+
+def test_a_call_without_an_estimate_costs_one_token() -> None:
+    assert tag(0.0, None, 0, 1.0) == 1.0
+
+
+@given(
+    st.integers(0, 7),
+    st.floats(0, 1e12, allow_nan=False),
+    st.integers(0, 7),
+    st.floats(0, 1e12, allow_nan=False),
+)
+def test_a_higher_class_always_scores_lower(r1: int, t1: float, r2: int, t2: float) -> None:
+    if r1 < r2:
+        assert score(r1, t1) < score(r2, t2)
+    assert rank_of(score(r1, t1)) == r1
+
+
+def test_a_tag_beyond_the_span_stays_in_its_class() -> None:
+    assert rank_of(score(2, RANK_SPAN * 3)) == 2
+
+
+def test_the_counters_decay_and_count_the_class_served() -> None:
+    assert served_counts({0: 1.0, 1: 2.0}, 1) == {0: DECAY, 1: 2 * DECAY + 1}
+
+
+def test_without_floors_the_highest_class_with_waiters_is_served() -> None:
+    assert next_class([1, 2], {0: 10.0}, ()) == 1
+
+
+def test_a_class_below_its_floor_goes_first() -> None:
+    assert next_class([0, 1], {0: 9.5, 1: 0.5}, (0.0, 0.1)) == 1
+    assert next_class([0, 1], {0: 8.5, 1: 1.5}, (0.0, 0.1)) == 0
+
+
+def test_the_class_furthest_below_its_floor_goes_first() -> None:
+    counts = {0: 8.0, 1: 1.0, 2: 1.0}
+    assert next_class([0, 1, 2], counts, (0.0, 0.2, 0.4)) == 2
+
+
+def test_a_floor_holds_over_many_grants() -> None:
+    counts: dict[int, float] = {}
+    served = []
+    for _ in range(1000):
+        rank = next_class([0, 1], counts, (0.0, 0.1))
+        counts = served_counts(counts, rank)
+        served.append(rank)
+    assert abs(sum(served[200:]) / 800 - 0.1) < 0.01
