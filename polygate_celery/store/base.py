@@ -23,6 +23,7 @@ from polygate_celery.core.breaker import BreakerMode, Effect
 from polygate_celery.core.engine import Refused
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.selection import BlockReason as BlockReason  # noqa: PLC0414 (the store names it)
+from polygate_celery.core.standing import PLAIN, Standing
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 
 # How long a scope's last success counts (`Store.progress_age_s`: older is none).
@@ -67,6 +68,13 @@ class AdmitRequest:
     grant): the store need not look for one.
 
     Stores read these four fields together, as `wait` (a `WaitMode`), never one by one.
+
+    `standing` is where the caller stands among the waiters of a source (SPEC §8): its
+    priority class's rank, its tenant and the tenant's weight, and the classes' floors
+    (`core.standing`), resolved once per call from the configuration
+    (`GatewayConfig.standing`). A store that orders its queues by it serves a higher
+    class first, within the floors, and tenants by weighted fair queuing; `PLAIN` (one
+    class, no tenant) is first come, first served.
     """
 
     scope: str
@@ -80,6 +88,7 @@ class AdmitRequest:
     queued: bool = True
     book_within_s: float = 0.0
     booked: bool = True
+    standing: Standing = PLAIN
 
     @property
     def wait(self) -> WaitMode:
