@@ -1,4 +1,4 @@
-"""Configuration: models of sources, quotas and scopes, loaded from TOML and the environment."""
+"""Configuration: sources, quotas, scopes, classes and tenants, from TOML and the environment."""
 
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.loading import CONFIG_PATH_ENV, load_config, parse_config
@@ -13,6 +13,7 @@ from polygate_celery.config.models import (
     SourceSettings,
     StoreConfig,
 )
+from polygate_celery.config.priority import PriorityConfig, TenantConfig
 
 __all__ = [
     "CONFIG_PATH_ENV",
@@ -20,12 +21,14 @@ __all__ = [
     "BreakerConfig",
     "DeferralConfig",
     "GatewayConfig",
+    "PriorityConfig",
     "QuotaConfig",
     "ScopeConfig",
     "ScopeSettings",
     "SourceConfig",
     "SourceSettings",
     "StoreConfig",
+    "TenantConfig",
     "load_config",
     "parse_config",
 ]

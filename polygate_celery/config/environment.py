@@ -39,7 +39,8 @@ PREFIX = "POLYGATE_"
 NESTED = "__"
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-_NAMED_TABLES = {"sources", "quotas", "scopes"}  # a name follows: POLYGATE_SCOPES__<NAME>__...
+# A name follows: POLYGATE_SCOPES__<NAME>__...
+_NAMED_TABLES = {"sources", "quotas", "scopes", "priorities", "tenants"}
 
 
 class TypedEnvironment(EnvSettingsSource):

@@ -8,7 +8,15 @@ from pydantic import Field, model_validator
 
 from polygate_celery.config import models
 from polygate_celery.config.fields import Name, _Strict, deep_merge
+from polygate_celery.config.priority import (
+    PriorityConfig,
+    Tenant,
+    TenantConfig,
+    priority_problems,
+    standing_of,
+)
 from polygate_celery.config.store import StoreConfig
+from polygate_celery.core.standing import Standing
 from polygate_celery.errors import ConfigError
 
 # A governed task's stall window when the configuration leaves it unset (SPEC §3 rule 16):
@@ -18,7 +26,8 @@ GOVERNED_STALL_WINDOW_S = 60.0
 
 
 class GatewayConfig(_Strict):
-    """Sources, shared quotas and scopes. `*_defaults` apply under every entry."""
+    """Sources, shared quotas and scopes, priority classes and tenants. `*_defaults` apply
+    under every entry."""
 
     store: StoreConfig = StoreConfig()
     deferral: models.DeferralConfig = models.DeferralConfig()
@@ -33,6 +42,9 @@ class GatewayConfig(_Strict):
     sources: dict[Name, models.SourceConfig] = Field(default_factory=dict)
     quotas: dict[Name, models.QuotaConfig] = Field(default_factory=dict)
     scopes: dict[Name, models.ScopeConfig] = Field(default_factory=dict)
+    priorities: dict[Name, PriorityConfig] = Field(default_factory=dict)
+    tenant_defaults: TenantConfig = TenantConfig()
+    tenants: dict[Tenant, TenantConfig] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -40,7 +52,11 @@ class GatewayConfig(_Strict):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for table, defaults_key in (("sources", "source_defaults"), ("scopes", "scope_defaults")):
+        for table, defaults_key in (
+            ("sources", "source_defaults"),
+            ("scopes", "scope_defaults"),
+            ("tenants", "tenant_defaults"),
+        ):
             defaults = data.get(defaults_key)
             entries = data.get(table)
             if isinstance(defaults, dict) and isinstance(entries, dict):
@@ -83,6 +99,7 @@ class GatewayConfig(_Strict):
                 )
         if self.deferral.max_delay_s < self.deferral.min_delay_s:
             problems.append(("deferral.max_delay_s", "must be at least min_delay_s"))
+        problems += priority_problems(self.priorities)
         if problems:
             raise ConfigError(problems[0][0], problems[0][1], problems)
         return self
@@ -103,6 +120,20 @@ class GatewayConfig(_Strict):
         if not changed:
             return self
         return self.model_copy(update={"scopes": {**self.scopes, **changed}})
+
+    def standing(self, priority: str | None = None, tenant: str | None = None) -> Standing:
+        """Where a call of class `priority` for `tenant` stands among the waiters of a
+        source: its class's rank (`priority` None: the class marked `default`, else the
+        last declared), the tenant's weight (declared in ``[tenants]``, else
+        ``tenant_defaults``; `tenant` None: no tenant, weighed as an undeclared one) and
+        every class's floor. With no class declared, no tenant and the default weight (1):
+        the shared `PLAIN`.
+
+        Raises:
+            ConfigError: `priority` names no class (``priority``), or `tenant` is not 1
+                to 64 letters, digits or ``_ . : @ -`` (``tenant``).
+        """
+        return standing_of(self.priorities, self.tenant_defaults, self.tenants, priority, tenant)
 
     def max_call_s(self, scope: str) -> float:
         """The scope's hard call deadline, derived when not set."""

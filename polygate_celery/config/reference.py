@@ -23,7 +23,18 @@ TABLES: list[tuple[str, type[BaseModel], set[str]]] = [
     (
         "top level",
         config.GatewayConfig,
-        {"store", "deferral", "source_defaults", "scope_defaults", "sources", "quotas", "scopes"},
+        {
+            "store",
+            "deferral",
+            "source_defaults",
+            "scope_defaults",
+            "sources",
+            "quotas",
+            "scopes",
+            "priorities",
+            "tenant_defaults",
+            "tenants",
+        },
     ),
     ("[store]", config.StoreConfig, set()),
     ("[deferral]", config.DeferralConfig, set()),
@@ -34,6 +45,8 @@ TABLES: list[tuple[str, type[BaseModel], set[str]]] = [
     ("[quotas.NAME]", config.QuotaConfig, set()),
     ("[scopes.NAME] (and [scope_defaults])", config.ScopeSettings, set()),
     ("[scopes.NAME] only", config.ScopeConfig, set(config.ScopeSettings.model_fields)),
+    ("[priorities.NAME]", config.PriorityConfig, set()),
+    ("[tenants.NAME] (and [tenant_defaults])", config.TenantConfig, set()),
 ]
 
 
@@ -102,8 +115,9 @@ hand: tests/unit/config/test_reference.py keeps it equal to the models. -->
 Every setting lives in a TOML file (`$POLYGATE_CONFIG`, or the path given to
 `load_config`) and can be overridden by a `POLYGATE_*` environment variable, a
 double underscore between the levels: `POLYGATE_STORE__REDIS_URL`,
-`POLYGATE_SCOPES__SUMMARISE__STALL_WINDOW_S=120`. `source_defaults` and
-`scope_defaults` apply under every source and every scope; an entry's own value wins.
+`POLYGATE_SCOPES__SUMMARISE__STALL_WINDOW_S=120`. `source_defaults`,
+`scope_defaults` and `tenant_defaults` apply under every source, scope and
+tenant; an entry's own value wins.
 
 A configuration that is not valid fails at load time with a `ConfigError`
 naming the setting's path: a value outside its range, a value of the wrong type
@@ -133,7 +147,26 @@ SECTIONS = [
     ),
     ("Quotas", ["[quotas.NAME]"]),
     ("Scopes", ["[scopes.NAME] (and [scope_defaults])", "[scopes.NAME] only"]),
+    ("Priorities and tenants", ["[priorities.NAME]", "[tenants.NAME] (and [tenant_defaults])"]),
 ]
+
+# What a section's tables do not say by themselves, printed under its heading.
+SECTION_INTROS = {
+    "Priorities and tenants": """\
+A call may name a priority class and a tenant (`Gateway.call(..., priority=...,
+tenant=...)`). The classes are declared highest first: their order in the file
+is their rank. A call that names none is in the class marked `default = true`,
+else in the last declared; without `[priorities]` every call is in one class.
+A call may name any tenant, 1 to 64 letters, digits or `_ . : @ -` (customer
+ids need not be declared): a tenant with a `[tenants.NAME]` entry has its
+weight, every other one (and a call without a tenant) the weight in
+`[tenant_defaults]`.
+An environment variable names a class or a tenant in lowercase
+(`POLYGATE_TENANTS__ACME__WEIGHT=5`), and a class it adds comes after those of
+the file. The stores order the calls waiting for a source by class, within
+the floors, and by tenant.
+""",
+}
 
 
 def page() -> str:
@@ -142,6 +175,8 @@ def page() -> str:
     lines = [INTRO]
     for section, titles in SECTIONS:
         lines += [f"## {section}", ""]
+        if section in SECTION_INTROS:
+            lines += [" ".join(SECTION_INTROS[section].split()), ""]
         for title in titles:
             model, skip = tables.pop(title)
             doc = (model.__doc__ or "").strip().split("\n\n")[0]

@@ -94,6 +94,8 @@ class Gateway:
         if missing:
             raise ConfigError(f"sources.{missing[0]}", "no adapter was given for this source")
         kind: CallerKind = caller or ("task" if scope_gate else "direct")
+        # Where a call that names no class and no tenant stands: the same for every call.
+        self._unnamed = config.standing()
         self._plans = {name: ScopePlan.build(config, name, kind) for name in config.scopes}
         self._runtime = Runtime(
             store=self.store,
@@ -118,7 +120,14 @@ class Gateway:
             raise ConfigError(f"scopes.{scope}", f"no scope named {scope!r}") from None
 
     async def call(
-        self, scope: str, payload: Any, *, est_tokens: int = 0, fail_fast: bool = False
+        self,
+        scope: str,
+        payload: Any,
+        *,
+        est_tokens: int = 0,
+        fail_fast: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
     ) -> CallResult:
         """Run one governed call of `payload` in `scope`.
 
@@ -127,8 +136,14 @@ class Gateway:
             payload: What the sources' adapters send (`chat`, `embed` and `ocr`
                 build it for the HTTP adapters).
             est_tokens: Tokens reserved against TPM quotas until the answer
-                reports what it used.
+                reports what it used (and, while the call waits, its cost to its
+                tenant in fair queuing).
             fail_fast: Raise at once when nothing is runnable, instead of waiting.
+            priority: The call's class in ``[priorities]``. Default: the class
+                marked ``default``, else the last declared.
+            tenant: Whom the call is for: any 1 to 64 letters, digits or
+                ``_ . : @ -``; its weight is its ``[tenants]`` entry's, else
+                ``tenant_defaults``'. Default: none.
 
         Returns:
             The first success, with the source that served it and the attempt trail.
@@ -137,9 +152,15 @@ class Gateway:
             AllSourcesExhausted: The loop gave up, with a verdict (`reason`).
             SourceFatalError: A request no source can serve (never retried).
             GovernanceBackendError: The store could not answer; nothing was sent.
-            ConfigError: The configuration has no scope of that name.
+            ConfigError: The configuration has no scope of that name, or no class
+                `priority`, or `tenant` is not a tenant.
         """
-        call = GovernedCall(self._runtime, self.plan(scope), payload, est_tokens, fail_fast)
+        plan = self.plan(scope)
+        if priority is None and tenant is None:
+            standing = self._unnamed
+        else:
+            standing = self.config.standing(priority, tenant)
+        call = GovernedCall(self._runtime, plan, payload, est_tokens, fail_fast, standing)
         return await call.run()
 
     async def chat(
@@ -149,6 +170,8 @@ class Gateway:
         *,
         stream: bool | None = None,
         fail_fast: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> CallResult:
         """A chat completion, governed as `call` is.
@@ -159,6 +182,8 @@ class Gateway:
             stream: Stream the answer. Default: the source's `stream` setting
                 (unset: streamed when the source has a `ttft_timeout_s`).
             fail_fast: As in `call`.
+            priority: As in `call`.
+            tenant: As in `call`.
             **params: Sent to the provider as they are (temperature, max_tokens, ...).
 
         Returns:
@@ -168,14 +193,26 @@ class Gateway:
             AllSourcesExhausted: As in `call`.
             SourceFatalError: As in `call`.
             GovernanceBackendError: As in `call`.
+            ConfigError: As in `call`.
         """
         request = ChatRequest(list(messages), params, stream)
         return await self.call(
-            scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
+            scope,
+            request,
+            est_tokens=estimate_tokens(request),
+            fail_fast=fail_fast,
+            priority=priority,
+            tenant=tenant,
         )
 
     async def embed(
-        self, scope: str, inputs: Sequence[str], *, fail_fast: bool = False
+        self,
+        scope: str,
+        inputs: Sequence[str],
+        *,
+        fail_fast: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
     ) -> CallResult:
         """Embeddings of `inputs`, in one batched request, governed as `call` is.
 
@@ -183,6 +220,8 @@ class Gateway:
             scope: A scope of kind ``embedding``.
             inputs: The texts (a single string is one input).
             fail_fast: As in `call`.
+            priority: As in `call`.
+            tenant: As in `call`.
 
         Returns:
             A `CallResult` whose `value` is an `EmbeddingResult` (`vectors`, in order).
@@ -191,10 +230,16 @@ class Gateway:
             AllSourcesExhausted: As in `call`.
             SourceFatalError: As in `call`.
             GovernanceBackendError: As in `call`.
+            ConfigError: As in `call`.
         """
         request = EmbeddingRequest([inputs] if isinstance(inputs, str) else list(inputs))
         return await self.call(
-            scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
+            scope,
+            request,
+            est_tokens=estimate_tokens(request),
+            fail_fast=fail_fast,
+            priority=priority,
+            tenant=tenant,
         )
 
     async def ocr(
@@ -205,6 +250,8 @@ class Gateway:
         mime: str = "image/png",
         prompt: str | None = None,
         fail_fast: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
     ) -> CallResult:
         """The text in `image`, governed as `call` is.
 
@@ -215,6 +262,8 @@ class Gateway:
             prompt: The instruction sent with it. Default: none to an OCR endpoint;
                 the source's `ocr_prompt` where the image goes through a chat.
             fail_fast: As in `call`.
+            priority: As in `call`.
+            tenant: As in `call`.
 
         Returns:
             A `CallResult` whose `value` is an `OcrResult` (`text`).
@@ -223,10 +272,16 @@ class Gateway:
             AllSourcesExhausted: As in `call`.
             SourceFatalError: As in `call`.
             GovernanceBackendError: As in `call`.
+            ConfigError: As in `call`.
         """
         request = OcrRequest(image, mime, prompt)
         return await self.call(
-            scope, request, est_tokens=estimate_tokens(request), fail_fast=fail_fast
+            scope,
+            request,
+            est_tokens=estimate_tokens(request),
+            fail_fast=fail_fast,
+            priority=priority,
+            tenant=tenant,
         )
 
     async def aclose(self) -> None:

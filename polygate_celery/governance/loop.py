@@ -37,6 +37,7 @@ from polygate_celery.clock import Clock, within
 from polygate_celery.core import engine
 from polygate_celery.core.backoff import jitter
 from polygate_celery.core.outcome import AttemptRecord, Outcome
+from polygate_celery.core.standing import PLAIN, Standing
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, SourceFatalError
 from polygate_celery.governance import attempts, verdicts
@@ -111,15 +112,23 @@ class Runtime:
 
 
 class GovernedCall:
-    """One call through the loop. Created per call; its state is never shared."""
+    """One call through the loop. Created per call; its state is never shared. `standing`
+    (its class and tenant, resolved once by the gateway) goes with every admission."""
 
     def __init__(
-        self, rt: Runtime, plan: ScopePlan, payload: Any, est_tokens: int, fail_fast: bool
+        self,
+        rt: Runtime,
+        plan: ScopePlan,
+        payload: Any,
+        est_tokens: int,
+        fail_fast: bool,
+        standing: Standing = PLAIN,
     ) -> None:
         self.rt = rt
         self.plan = plan
         self.payload = payload
         self.est_tokens = est_tokens
+        self.standing = standing
         self.call_id = next(_permit_ids)
         rules = engine.replace(
             plan, est_tokens=est_tokens, fail_fast=fail_fast, scope_gate=rt.scope_gate
@@ -243,6 +252,7 @@ class GovernedCall:
                 queued=action.queued,
                 booked=action.booked,
                 book_within_s=action.book_within_s,
+                standing=self.standing,
             )
         )
         if isinstance(admission, Denial):

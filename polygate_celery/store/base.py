@@ -69,8 +69,13 @@ class AdmitRequest:
 
     Stores read these four fields together, as `wait` (a `WaitMode`), never one by one.
 
-    `standing` places the caller in a source's queue (`core.standing`): its class
-    first, then its tenant's fair share of tokens, `est_tokens` being its cost.
+    `standing` is where the caller stands among the waiters of a source (SPEC §8): its
+    priority class's rank, its tenant and the tenant's weight, and the classes' floors
+    (`core.standing`), resolved once per call from the configuration
+    (`GatewayConfig.standing`). The stores order their queues by it: a higher class
+    first, within the floors, then tenants by weighted fair queuing on tokens
+    (`est_tokens` being the call's cost); `PLAIN` (one class, no tenant) is first come,
+    first served.
     """
 
     scope: str

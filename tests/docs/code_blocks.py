@@ -57,6 +57,9 @@ CONFIG_TABLES = (
     "quotas",
     "source_defaults",
     "scope_defaults",
+    "priorities",
+    "tenants",
+    "tenant_defaults",
 )
 TIMEOUT_S = 60.0
 DUMMY_KEY = "sk-docs-dummy-not-a-key"

@@ -12,12 +12,14 @@ from polygate_celery.config import (
     AimdConfig,
     BreakerConfig,
     DeferralConfig,
+    PriorityConfig,
     QuotaConfig,
     ScopeConfig,
     ScopeSettings,
     SourceConfig,
     SourceSettings,
     StoreConfig,
+    TenantConfig,
 )
 
 ENV_EXAMPLE = Path(__file__).resolve().parents[3] / ".env.example"
@@ -40,6 +42,9 @@ TABLES: dict[str, tuple[type[BaseModel], bool]] = {
     "quotas": (QuotaConfig, True),
     "scope_defaults": (ScopeSettings, False),
     "scopes": (ScopeConfig, True),
+    "priorities": (PriorityConfig, True),
+    "tenant_defaults": (TenantConfig, False),
+    "tenants": (TenantConfig, True),
 }
 
 
@@ -117,6 +122,8 @@ def test_every_documented_variable_has_a_meaning() -> None:
         (StoreConfig, False, set(StoreConfig.model_fields)),
         (DeferralConfig, False, set(DeferralConfig.model_fields)),
         (ScopeSettings, True, set(ScopeSettings.model_fields)),
+        (PriorityConfig, False, set(PriorityConfig.model_fields)),
+        (TenantConfig, True, set(TenantConfig.model_fields)),
         (
             ScopeConfig,
             False,
@@ -143,6 +150,8 @@ def test_every_field_of_every_model_is_mentioned() -> None:
         AimdConfig,
         StoreConfig,
         DeferralConfig,
+        PriorityConfig,
+        TenantConfig,
     ):
         missing = set(model.model_fields) - mentioned
         assert not missing, f"{model.__name__}: {sorted(missing)}"

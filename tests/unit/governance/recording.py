@@ -9,17 +9,19 @@ from polygate_celery.testing import VirtualClock
 
 
 class RecordingStore(MemoryStore):
-    """The in-memory store, keeping each admission it grants and each settlement; its
-    settlements can be made to fail."""
+    """The in-memory store, keeping each request it is asked (`asked`), each admission it
+    grants and each settlement; its settlements can be made to fail."""
 
     def __init__(self, clock: VirtualClock, settle_fails: bool = False) -> None:
         super().__init__(clock)
         self.settle_fails = settle_fails
+        self.asked: list[AdmitRequest] = []
         self.requests: list[AdmitRequest] = []
         self.grants: list[Grant] = []
         self.settlements: list[Settlement] = []
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
+        self.asked.append(request)
         admission = await super().admit(request)
         if isinstance(admission, Grant):
             self.requests.append(request)

@@ -1,0 +1,131 @@
+"""Configuration: priority classes and tenants (SPEC §8), and where a call stands among them.
+
+``[priorities.<name>]`` tables name the classes, highest first: the order they
+are declared in is their rank. ``[tenants.<name>]`` give tenants their weights,
+and ``[tenant_defaults]`` the weight of every other tenant (as ``source_defaults``
+does for sources): tenants are often customer ids, too many to declare, so a
+call may name any tenant. `standing_of` turns a call's class and tenant into the
+`Standing` it carries to the store; the stores order their waiters by it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+from polygate_celery.config.fields import _Strict
+from polygate_celery.core.standing import PLAIN, Standing
+from polygate_celery.errors import ConfigError
+
+TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
+_TENANT = re.compile(TENANT_PATTERN)
+
+Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
+"""A tenant: 1 to 64 letters, digits or ``_ . : @ -`` (it becomes part of Redis members)."""
+
+MAX_WEIGHT = 1000.0
+
+
+class PriorityConfig(_Strict):
+    """A priority class. Of the calls waiting for the same source, those of a class declared
+    earlier are served first, but for the floors: a class with waiters that has had less
+    than its `min_share` of the recent grants is served before the classes above it."""
+
+    min_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="share of the grants the class keeps while it has waiters, ahead of the "
+        "classes above it (the classes' shares add up to less than 1)",
+    )
+    default: bool = Field(
+        False,
+        description="calls that name no class are in this one (at most one class; "
+        "none marked: the last declared, the lowest)",
+    )
+
+
+class TenantConfig(_Strict):
+    """A tenant's share. Within a class, waiting calls are served by weighted fair queuing on
+    their estimated tokens: tenants that keep calls waiting get tokens in the ratio of their
+    weights, and an idle tenant's share goes to the others."""
+
+    weight: float = Field(
+        1.0,
+        gt=0,
+        le=MAX_WEIGHT,
+        allow_inf_nan=False,
+        description="the tenant's weight against the others waiting in its class",
+    )
+
+
+def priority_problems(priorities: Mapping[str, PriorityConfig]) -> list[tuple[str, str]]:
+    """(path, why) of each rule the classes break together: one default at most, and
+    floors that add up to less than 1 (else a floor could never be kept)."""
+    problems: list[tuple[str, str]] = []
+    defaults = [name for name, entry in priorities.items() if entry.default]
+    for name in defaults[1:]:
+        problems.append(
+            (f"priorities.{name}.default", f"only one class may be the default ({defaults[0]} is)")
+        )
+    shares: list[float] = []
+    for name, entry in priorities.items():
+        shares.append(entry.min_share)
+        total = math.fsum(shares)
+        if entry.min_share > 0 and total >= 1:
+            problems.append(
+                (
+                    f"priorities.{name}.min_share",
+                    f"the classes' min_share add up to {total:g} with this one: they must "
+                    "add up to less than 1",
+                )
+            )
+            break
+    return problems
+
+
+def standing_of(
+    priorities: Mapping[str, PriorityConfig],
+    tenant_defaults: TenantConfig,
+    tenants: Mapping[str, TenantConfig],
+    priority: str | None,
+    tenant: str | None,
+) -> Standing:
+    """Where a call of class `priority` (None: the default class) for `tenant` (None: no
+    tenant) stands: see `GatewayConfig.standing`."""
+    if tenant is None:
+        name, weight = "", tenant_defaults.weight
+    elif isinstance(tenant, str) and _TENANT.fullmatch(tenant):
+        declared = tenants.get(tenant)
+        name, weight = tenant, (declared or tenant_defaults).weight
+    else:
+        raise ConfigError("tenant", "a tenant is 1 to 64 letters, digits or _ . : @ -")
+    if not priorities:
+        if priority is not None:
+            raise ConfigError(
+                "priority", f"no priority class named {priority!r}: [priorities] declares none"
+            )
+        rank, floors = 0, tuple[float, ...]()
+    else:
+        names = list(priorities)
+        if priority is None:
+            rank = next(
+                (i for i, entry in enumerate(priorities.values()) if entry.default), len(names) - 1
+            )
+        elif priority in priorities:
+            rank = names.index(priority)
+        else:
+            raise ConfigError(
+                "priority",
+                f"no priority class named {priority!r}; the classes are {', '.join(names)}",
+            )
+        shares = tuple(entry.min_share for entry in priorities.values())
+        floors = shares if any(shares) else ()
+    if rank == 0 and not name and not floors and weight == PLAIN.weight:
+        return PLAIN
+    return Standing(rank=rank, tenant=name, weight=weight, floors=floors)
