@@ -54,9 +54,15 @@ async def send(rt: Runtime, plan: ScopePlan, payload: Any, action: Send) -> Outc
 
 
 async def settle(
-    rt: Runtime, plan: ScopePlan, grant: Grant, action: Settle, est_tokens: int
+    rt: Runtime,
+    plan: ScopePlan,
+    grant: Grant,
+    action: Settle,
+    est_tokens: int,
+    rank: int | None = None,
 ) -> bool:
-    """Record the attempt; whether its permit was still held (True when unknown: the
+    """Record the attempt (a success as progress of the call's class `rank` too, where
+    classes are declared); whether its permit was still held (True when unknown: the
     store failed to record a success, which is logged here)."""
     settlement = Settlement(
         scope=plan.name,
@@ -70,6 +76,7 @@ async def settle(
         used_tokens=action.used_tokens,
         limits=action.outcome.limits,
         error=action.error,
+        rank=rank,
     )
     if action.effect is Effect.AUTH_FAILURE:
         _alert_credentials(rt, plan, grant.source)

@@ -106,6 +106,7 @@ class Gateway:
             leases=LeaseRenewer(self.store, self.clock),
             places=PlaceKeeper(self.store, self.clock),
             scope_gate=scope_gate,
+            classes=bool(config.priorities),
         )
 
     def plan(self, scope: str) -> ScopePlan:

@@ -102,6 +102,8 @@ class Runtime:
     leases: LeaseRenewer
     places: PlaceKeeper
     scope_gate: bool = False
+    # Priority classes are declared: a call's stall verdict reads its own class's progress.
+    classes: bool = False
     # The sources that can limit a first token (`FirstTokenSource`), found once: a
     # runtime-checkable protocol's isinstance costs some 10 µs, on every attempt.
     first_token: frozenset[str] = field(init=False)
@@ -129,6 +131,7 @@ class GovernedCall:
         self.payload = payload
         self.est_tokens = est_tokens
         self.standing = standing
+        self.progress_rank = standing.rank if rt.classes else None
         self.call_id = next(_permit_ids)
         rules = engine.replace(
             plan, est_tokens=est_tokens, fail_fast=fail_fast, scope_gate=rt.scope_gate
@@ -153,7 +156,12 @@ class GovernedCall:
             self._emit_verdict(exc.reason, exc.retry_after_s)
             if exc.reason == "stalled" and self.rt.scope_gate and not self.state.gated:
                 await verdicts.close_gate(
-                    self.rt, self.plan, self.call_id, exc, self.state.last_error
+                    self.rt,
+                    self.plan,
+                    self.call_id,
+                    exc,
+                    self.state.last_error,
+                    by_class=self.progress_rank is not None,
                 )
             raise
         except SourceFatalError as exc:
@@ -214,7 +222,8 @@ class GovernedCall:
         raise verdicts.fatal(self.plan, self.state, action)
 
     async def _ask_progress(self, action: engine.AskProgress) -> engine.Event:
-        return engine.ProgressAge(await self.rt.store.progress_age_s(self.plan.name))
+        rank = self.progress_rank if action.own_class else None
+        return engine.ProgressAge(await self.rt.store.progress_age_s(self.plan.name, rank))
 
     async def _ask_breaker(self, action: engine.AskBreaker) -> engine.Event:
         snapshot = await self.rt.store.snapshot(self.plan.terms[action.source])
@@ -223,7 +232,9 @@ class GovernedCall:
     async def _settle(self, action: engine.Settle) -> engine.Event:
         grant = self._grant
         assert grant is not None
-        kept = await attempts.settle(self.rt, self.plan, grant, action, self.est_tokens)
+        kept = await attempts.settle(
+            self.rt, self.plan, grant, action, self.est_tokens, self.progress_rank
+        )
         self._check_lease(grant, action.outcome, kept)
         return engine.Settled()
 

@@ -33,11 +33,21 @@ def fatal(plan: ScopePlan, state: CallState, verdict: Fail) -> SourceFatalError:
 
 
 async def close_gate(
-    rt: Runtime, plan: ScopePlan, call_id: str, exc: AllSourcesExhausted, error: str | None
+    rt: Runtime,
+    plan: ScopePlan,
+    call_id: str,
+    exc: AllSourcesExhausted,
+    error: str | None,
+    by_class: bool = False,
 ) -> None:
-    """Close the scope's gate; the call that closed an open one says so, once fleet-wide."""
+    """Close the scope's gate; the call that closed an open one says so, once fleet-wide.
+    A call judged stalled on its own class's progress (`by_class`) closes it only if the
+    scope too has made no progress within its stall window: a class starved by a higher
+    one defers, and the scope stays open to the others (SPEC §8)."""
     seconds = exc.retry_after_s
     try:
+        if by_class and await rt.store.progress_age_s(plan.name) < plan.stall_window_s:
+            return
         closed = await rt.store.close_gate(
             plan.name, seconds, exc.rate_limited, call_id, error=error
         )

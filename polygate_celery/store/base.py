@@ -139,7 +139,8 @@ class Settlement:
     classified and redacted): the log line of a state change it causes names it, and
     the store keeps it as the source's last error when the settle records a failure
     (a held permit's transient or credentials failure) or a pause; a success while
-    no pause runs forgets it (`Denial.errors`).
+    no pause runs forgets it (`Denial.errors`). `rank`, the call's priority class where
+    classes are declared: a SUCCESS marks that class's progress too (SPEC §8).
     """
 
     scope: str
@@ -153,6 +154,7 @@ class Settlement:
     used_tokens: int = 0
     limits: RateLimits | None = None
     error: str | None = None
+    rank: int | None = None
 
 
 class ReleaseWatch(Protocol):
@@ -244,12 +246,15 @@ class Store(Protocol):
         """
         ...
 
-    async def progress_age_s(self, scope: str) -> float:
-        """Seconds since the scope's last success, in the store's clock; ``inf`` if none."""
+    async def progress_age_s(self, scope: str, rank: int | None = None) -> float:
+        """Seconds since the scope's last success, in the store's clock; ``inf`` if none.
+        With `rank`, since the last success of a call of that priority class (SPEC §8: a
+        class's stall verdict reads its own progress)."""
         ...
 
-    async def mark_progress(self, scope: str) -> None:
-        """Record a success in `scope` now (a success settled elsewhere, e.g. a reused result)."""
+    async def mark_progress(self, scope: str, rank: int | None = None) -> None:
+        """Record a success in `scope` now (a success settled elsewhere, e.g. a reused
+        result), and of its class `rank`, if given."""
         ...
 
     async def close_gate(

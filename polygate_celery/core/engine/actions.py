@@ -21,7 +21,12 @@ WaitCause = Literal["no_runnable", "backoff"]
 
 @dataclass(frozen=True, slots=True)
 class AskProgress:
-    """Ask the store for the scope's progress age (its clock); answer `ProgressAge`."""
+    """Ask the store for the scope's progress age (its clock); answer `ProgressAge`.
+    `own_class`: the progress of the call's own priority class, where classes are
+    declared (the stall verdict, SPEC §8: a call starved by a higher class is stalled);
+    else of any call of the scope (an outage is the scope's, rule 15)."""
+
+    own_class: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,8 @@ def check_stall(state: CallState, now: float, phase: Phase) -> Step | None:
     stalled_s = state.stalled_s(now)
     if stalled_s <= state.rules.stall_window_s:
         return None
-    return Step(replace(state, phase=phase, checked_stalled_s=stalled_s), AskProgress())
+    state = replace(state, phase=phase, checked_stalled_s=stalled_s)
+    return Step(state, AskProgress(own_class=True))
 
 
 def stalled(state: CallState, event: Event) -> bool:

@@ -79,6 +79,8 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
         state.learned.learn(now, settlement.limits)
     if settlement.effect is Effect.SUCCESS:
         ledger.progress[settlement.scope] = now
+        if settlement.rank is not None:
+            ledger.progress[settlement.scope, settlement.rank] = now
         ledger.gates.pop(settlement.scope, None)  # the scope is alive: open its gate
     if not held and settlement.effect is not Effect.SUCCESS:
         return False

@@ -141,7 +141,8 @@ class Ledger:
 
     sources: dict[str, SourceState] = field(default_factory=dict)
     quotas: dict[str, QuotaState] = field(default_factory=dict)
-    progress: dict[str, float] = field(default_factory=dict)
+    # A scope's last success, and (scope, class rank) its class's (SPEC §8).
+    progress: dict[str | tuple[str, int], float] = field(default_factory=dict)
     gates: dict[str, Gate] = field(default_factory=dict)
     releases: ReleaseHub = field(default_factory=ReleaseHub)
 

@@ -52,16 +52,18 @@ class MemoryStore:
     def _source(self, terms: SourceTerms) -> SourceState:
         return self._ledger.source(terms)
 
-    async def progress_age_s(self, scope: str) -> float:
-        marked = self._ledger.progress.get(scope)
+    async def progress_age_s(self, scope: str, rank: int | None = None) -> float:
+        marked = self._ledger.progress.get(scope if rank is None else (scope, rank))
         if marked is None:
             return math.inf
         age = self._clock.now() - marked
         return math.inf if age >= base.PROGRESS_TTL_S else max(0.0, age)
 
-    async def mark_progress(self, scope: str) -> None:
+    async def mark_progress(self, scope: str, rank: int | None = None) -> None:
         """Record a success in `scope` now, as another worker's call would."""
-        self._ledger.progress[scope] = self._clock.now()
+        now = self._ledger.progress[scope] = self._clock.now()
+        if rank is not None:
+            self._ledger.progress[scope, rank] = now
 
     async def close_gate(
         self,

@@ -141,7 +141,7 @@ def _pairs(items: Any) -> tuple[tuple[str, str], ...]:
 
 
 def encode_settle(settlement: Settlement, now: bytes) -> tuple[bytes, ...]:
-    """settle.lua's per-call arguments, ARGV[1..15]."""
+    """settle.lua's per-call arguments, ARGV[1..16]."""
     pause = settlement.pause_s
     return (
         now,
@@ -154,6 +154,7 @@ def encode_settle(settlement: Settlement, now: bytes) -> tuple[bytes, ...]:
         fmt(settlement.admitted_at).encode(),
         *_announced(settlement.limits),
         (settlement.error or "").encode(),
+        b"" if settlement.rank is None else str(settlement.rank).encode(),
     )
 
 

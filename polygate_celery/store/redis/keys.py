@@ -112,6 +112,9 @@ class KeySpace:
     def progress(self, scope: str) -> str:
         return f"{self._in(self.groups.scopes.get(scope))}:scope:{scope}:progress"
 
+    def class_progress(self, scope: str) -> str:
+        return f"{self._in(self.groups.scopes.get(scope))}:scope:{scope}:class_progress"
+
     def gate(self, scope: str) -> str:
         return f"{self._in(self.groups.scopes.get(scope))}:scope:{scope}:gate"
 

@@ -243,6 +243,7 @@ class _Commands:
             self.keys.gate(scope).encode(),
             queue,
             alive,
+            self.keys.class_progress(scope).encode(),
         ]
         tail = [self._origin.encode(), terms.name.encode(), self.keys.wake.encode()]
         command = Command(keys, [*tail, *encoded.settle_terms])

@@ -224,16 +224,20 @@ class RedisStore:
                 kept[i] = flag
         return kept
 
-    async def progress_age_s(self, scope: str) -> float:
+    async def progress_age_s(self, scope: str, rank: int | None = None) -> float:
         reply = await self._scripts.run(
-            "progress", [self.keys.progress(scope)], [self._now(), "age", fmt(PROGRESS_TTL_S)]
+            "progress",
+            [self.keys.progress(scope), self.keys.class_progress(scope)],
+            [self._now(), "age", fmt(PROGRESS_TTL_S), "" if rank is None else rank],
         )
         with reading("progress", reply):
             return math.inf if reply == "" else float(reply)
 
-    async def mark_progress(self, scope: str) -> None:
+    async def mark_progress(self, scope: str, rank: int | None = None) -> None:
         await self._scripts.run(
-            "progress", [self.keys.progress(scope)], [self._now(), "mark", fmt(PROGRESS_TTL_S)]
+            "progress",
+            [self.keys.progress(scope), self.keys.class_progress(scope)],
+            [self._now(), "mark", fmt(PROGRESS_TTL_S), "" if rank is None else rank],
         )
 
     async def close_gate(

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from polygate_celery import parse_config
+import pytest
+
+from polygate_celery import AllSourcesExhausted, parse_config
 from polygate_celery.config import GatewayConfig
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory
@@ -58,4 +60,47 @@ async def test_backlogged_tenants_are_served_by_weight(
     await asyncio.gather(*calls)
     served = [entry.payload for entry in source.journal][1:9]
     assert sum(1 for p in served if p.startswith("big")) == 6  # 3:1 of the first eight
+    await gw.aclose()
+
+
+async def test_a_call_starved_by_a_higher_class_stalls_while_the_scope_lives(
+    clock: VirtualClock, gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Interactive calls keep the only permit busy: the scope makes progress, its batch
+    call none. The batch call's stall verdict reads its class's progress, so it gives
+    up stalled within its window (a task then parks) instead of waiting to its deadline;
+    the scope's gate stays open to the interactive calls."""
+    source = ScriptedSource.always(clock, steps.ok(duration_s=ANSWER_S))
+    config = parse_config(
+        {
+            "sources": {"a": {"max_concurrency": 1, "timeout_s": 60}},
+            "scopes": {
+                "s": {
+                    "kind": "chat",
+                    "sources": ["a"],
+                    "stall_window_s": 30,
+                    "max_call_s": 3600,
+                }
+            },
+            "priorities": {"interactive": {}, "batch": {"default": True}},
+        }
+    )
+    gw = gateway(config, {"a": source}, scope_gate=True)
+    stop = asyncio.Event()
+
+    async def interactive() -> None:
+        while not stop.is_set():
+            await gw.call("s", "urgent", priority="interactive")
+
+    streams = [asyncio.ensure_future(interactive()) for _ in range(2)]
+    await clock.sleep(1.0)
+    started = clock.now()
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "batch")
+    assert verdict.value.reason == "stalled"
+    assert clock.now() - started <= 30 + 2 * ANSWER_S
+    assert not [r for r in caplog.records if "gate closed" in r.getMessage()]
+    stop.set()
+    await asyncio.gather(*streams)
+    assert "batch" not in [entry.payload for entry in source.journal]
     await gw.aclose()

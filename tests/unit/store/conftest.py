@@ -86,6 +86,7 @@ class Harness:
         est_tokens: int = 0,
         used_tokens: int = 0,
         limits: RateLimits | None = None,
+        rank: int | None = None,
     ) -> bool:
         assert grant.source == source.name
         settlement = Settlement(
@@ -99,6 +100,7 @@ class Harness:
             est_tokens=est_tokens,
             used_tokens=used_tokens,
             limits=limits,
+            rank=rank,
         )
         return await self.store.settle(settlement)
 

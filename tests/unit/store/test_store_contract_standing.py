@@ -9,6 +9,7 @@ With one class and no tenant, the queue is first come, first served.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter
 
 from polygate_celery.core.standing import Standing
@@ -134,3 +135,35 @@ async def test_without_a_floor_a_lower_class_waits_for_the_higher_one(h: Harness
             waiting.append(f"{prefix}{i}")
     order, _ = await serve_all(h, held, waiting, 6)
     assert order == [f"i{i}" for i in range(6)]
+
+
+# --- a class's own progress (its stall verdict) ----------------------------------------
+
+
+async def test_a_success_marks_its_class_progress_beside_the_scopes(h: Harness) -> None:
+    grant = await h.grant(ONE)
+    h.clock.advance(5.0)
+    await h.settle(grant, ONE, rank=0)
+    h.clock.advance(2.0)
+    assert await h.store.progress_age_s("s") == 2.0
+    assert await h.store.progress_age_s("s", 0) == 2.0
+    assert await h.store.progress_age_s("s", 1) == math.inf  # the other class: none yet
+    grant = await h.grant(ONE)
+    await h.settle(grant, ONE, rank=1)
+    h.clock.advance(3.0)
+    assert await h.store.progress_age_s("s", 0) == 5.0
+    assert await h.store.progress_age_s("s", 1) == 3.0
+
+
+async def test_a_success_without_a_class_marks_the_scope_alone(h: Harness) -> None:
+    grant = await h.grant(ONE)
+    await h.settle(grant, ONE)
+    assert await h.store.progress_age_s("s") == 0.0
+    assert await h.store.progress_age_s("s", 0) == math.inf
+
+
+async def test_a_class_progress_marked_elsewhere_counts_too(h: Harness) -> None:
+    await h.store.mark_progress("s", 1)
+    h.clock.advance(1.5)
+    assert await h.store.progress_age_s("s", 1) == 1.5
+    assert await h.store.progress_age_s("s") == 1.5

@@ -20,6 +20,8 @@
 -- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
 -- KEYS[6]  {p}:v1:src:<name>:queue     ZSET  waiters -> their place (see admit.lua)
 -- KEYS[7]  {p}:v1:src:<name>:alive     ZSET  waiters -> end of their claim
+-- KEYS[8]  {p}:v1:scope:<scope>:class_progress  HASH  class rank -> time of its last
+--                                            success (the key's TTL, the progress TTL)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
 -- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
@@ -37,13 +39,15 @@
 -- ARGV[15] the attempt's error, classified ("" for none): kept as the source's last
 --          error when this settle records a pause, or a held permit's failure or
 --          auth_failure; a success while no pause runs deletes it (admit.lua names it)
--- ARGV[16] the settling process's origin     ARGV[17] the source's name
--- ARGV[18] the wake-up channel of origin X is this text followed by X
--- ARGV[19..27]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
+-- ARGV[16] the class whose progress a success marks beside the scope's (its rank), ""
+--          when no classes are declared (SPEC §8: a class's stall reads its own)
+-- ARGV[17] the settling process's origin     ARGV[18] the source's name
+-- ARGV[19] the wake-up channel of origin X is this text followed by X
+-- ARGV[20..28]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
 --          AIMD increase, AIMD decrease factor, AIMD initial (0: the cap); tpm (0: none);
 --          progress TTL seconds
--- ARGV[28..30]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S;
---          ARGV[31..32] core.standing's RANK_SPAN and DECAY (packed once with the terms,
+-- ARGV[29..31]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S;
+--          ARGV[32..33] core.standing's RANK_SPAN and DECAY (packed once with the terms,
 --          scripts.py)
 -- Returns  0 if the permit was not held; else it is released and, when the source can
 --          run another call, handed to the live waiter served next (standing.lua)
@@ -61,9 +65,9 @@
 -- include: clock
 -- include: gcra
 
-local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[28]), tonumber(ARGV[29]),
-  tonumber(ARGV[30])
-local RANK_SPAN, DECAY = tonumber(ARGV[31]), tonumber(ARGV[32])
+local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[29]), tonumber(ARGV[30]),
+  tonumber(ARGV[31])
+local RANK_SPAN, DECAY = tonumber(ARGV[32]), tonumber(ARGV[33])
 
 -- include: standing
 
@@ -73,7 +77,7 @@ local now = store_now(ARGV[1])
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted_at = tonumber(ARGV[8])
-local cap, tpm = tonumber(ARGV[22]), tonumber(ARGV[26])
+local cap, tpm = tonumber(ARGV[23]), tonumber(ARGV[27])
 
 local skey = KEYS[2]
 local a = redis.call('HMGET', skey, 'paused_until', 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince',
@@ -136,7 +140,11 @@ end
 if forget ~= nil then redis.call('HDEL', skey, unpack(forget)) end  -- before any HSET
 local gate_opened = '0'
 if effect == 'success' then
-  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[27])))
+  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[28])))
+  if ARGV[16] ~= '' then
+    redis.call('HSET', KEYS[8], ARGV[16], fmt(now))
+    redis.call('EXPIRE', KEYS[8], math.ceil(tonumber(ARGV[28])))
+  end
   local closed_until = redis.call('HGET', KEYS[5], 'until')
   if closed_until then  -- a stall on record while within GATE_KEPT_S: it ends
     if tonumber(closed_until) + GATE_KEPT_S > now then gate_opened = '1' end
@@ -154,8 +162,8 @@ if not held and effect ~= 'success' then
   return reply(0)
 end
 
-local threshold, cooldown = tonumber(ARGV[19]), tonumber(ARGV[20])
-local initial = tonumber(ARGV[25])
+local threshold, cooldown = tonumber(ARGV[20]), tonumber(ARGV[21])
+local initial = tonumber(ARGV[26])
 if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 local mode, failures = a[8] or 'closed', tonumber(a[9] or '0')
@@ -167,7 +175,7 @@ local is_probe = probe == permit
 if effect == 'success' then
   mode, failures, open_until, probe = 'closed', 0, 0, false
 elseif effect == 'auth_failure' then
-  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[21])), false
+  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[22])), false
 elseif effect == 'failure' then
   if is_probe then
     mode, open_until, probe = 'open', now + cooldown, false
@@ -195,9 +203,9 @@ end
 
 -- AIMD (mirrors polygate_celery.core.aimd): one decrease per congestion episode
 if effect == 'success' then
-  limit = math.min(cap, limit + tonumber(ARGV[23]))
+  limit = math.min(cap, limit + tonumber(ARGV[24]))
 elseif congested and admitted_at > last_decrease then
-  limit, last_decrease = math.max(1, limit * tonumber(ARGV[24])), now
+  limit, last_decrease = math.max(1, limit * tonumber(ARGV[25])), now
 end
 
 -- written where the stored value differs (a field not stored yet is written)
@@ -232,7 +240,7 @@ if in_use >= permits then  -- full: reclaim the leases expired by now, count aga
   in_use = in_use - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 end
 if in_use >= permits then return reply(1) end
-local origin, name = ARGV[16], ARGV[17]
+local origin, name = ARGV[17], ARGV[18]
 while true do
   local head, score, floors = next_waiter(KEYS[6], skey)
   if not head then return reply(1) end
@@ -244,7 +252,7 @@ while true do
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return reply(call) end
-    redis.call('PUBLISH', ARGV[18] .. waiter_origin, call .. ' ' .. name)
+    redis.call('PUBLISH', ARGV[19] .. waiter_origin, call .. ' ' .. name)
     return reply(1)
   end
 end
