@@ -104,6 +104,8 @@ def render(reading: StatusReading, store: RedisStore, config: GatewayConfig) -> 
     else:
         parts.append(_scopes_table(reading.scopes))
         parts.append(_sources_table(reading.scopes))
+        if config.priorities:
+            parts.append(_classes_table(reading.scopes, list(config.priorities)))
     parts.append(_lots_table(reading))
     return "\n\n".join(parts)
 
@@ -141,6 +143,26 @@ def _sources_table(scopes: tuple[ScopeReading, ...]) -> str:
             )
     headers = ["SCOPE", "SOURCE", "IN USE", "LIMIT", "CAP", "BREAKER", "FAILS", "PAUSED", "QUOTA"]
     return table(headers, rows, numeric={2, 3, 4, 6})
+
+
+def _classes_table(scopes: tuple[ScopeReading, ...], classes: list[str]) -> str:
+    """Per source, each class's calls waiting for its permits and its share of the
+    recent grants (the counters behind the floors, where floors are declared)."""
+    rows = []
+    seen: set[str] = set()
+    for scope in scopes:
+        for source in scope.sources:
+            state = source.state
+            if state.name in seen:
+                continue
+            seen.add(state.name)
+            total = sum(state.recent_grants)
+            for rank, name in enumerate(classes):
+                waiting = state.waiting[rank] if rank < len(state.waiting) else 0
+                grants = state.recent_grants[rank] if rank < len(state.recent_grants) else 0.0
+                share = f"{100 * grants / total:.0f}%" if total > 0 else "-"
+                rows.append([state.name if rank == 0 else "", name, str(waiting), share])
+    return table(["SOURCE", "CLASS", "WAITING", "RECENT GRANTS"], rows, numeric={2, 3})
 
 
 def _quota_use(source: SourceReading, state: SourceSnapshot) -> str:

@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import Field, StringConstraints
 
 from polygate_celery.config.fields import _Strict
-from polygate_celery.core.standing import PLAIN, Standing
+from polygate_celery.core.standing import MAX_CLASSES, PLAIN, Standing
 from polygate_celery.errors import ConfigError
 
 TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
@@ -68,6 +68,9 @@ def priority_problems(priorities: Mapping[str, PriorityConfig]) -> list[tuple[st
     """(path, why) of each rule the classes break together: one default at most, and
     floors that add up to less than 1 (else a floor could never be kept)."""
     problems: list[tuple[str, str]] = []
+    if len(priorities) > MAX_CLASSES:
+        name = list(priorities)[MAX_CLASSES]
+        problems.append((f"priorities.{name}", f"at most {MAX_CLASSES} classes may be declared"))
     defaults = [name for name, entry in priorities.items() if entry.default]
     for name in defaults[1:]:
         problems.append(

@@ -19,8 +19,11 @@ functions decide, and the Redis scripts mirror them (`standing.lua`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+_N = TypeVar("_N", int, float)
 
 # Each grant multiplies every class's counter by this before adding 1 to the class
 # served: the counters weigh about the last 1 / (1 - DECAY) = 50 grants.
@@ -28,6 +31,10 @@ DECAY = 0.98
 
 # A tag never reaches this: the rank goes above it in a queue's score.
 RANK_SPAN = 2.0**48
+
+# Classes a configuration may declare: scores stay below 2**51, where a double still
+# tells tags half a token apart.
+MAX_CLASSES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +95,24 @@ def next_class(waiting: Sequence[int], counts: Mapping[int, float], floors: Sequ
     if below:
         return min(below)[1]
     return min(waiting)
+
+
+def per_class(ranks: Iterable[int]) -> tuple[int, ...]:
+    """How many of `ranks` fall in each class, by rank (trailing empty classes left out)."""
+    counts = [0] * MAX_CLASSES
+    for rank in ranks:
+        counts[min(rank, MAX_CLASSES - 1)] += 1
+    return trimmed(counts)
+
+
+def per_rank(counters: Mapping[int, float]) -> tuple[float, ...]:
+    """Grant counters by rank (trailing zeros left out)."""
+    return trimmed([counters.get(rank, 0.0) for rank in range(MAX_CLASSES)])
+
+
+def trimmed(values: Sequence[_N]) -> tuple[_N, ...]:
+    """`values` without their trailing zeros."""
+    end = len(values)
+    while end and not values[end - 1]:
+        end -= 1
+    return tuple(values[:end])

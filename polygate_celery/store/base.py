@@ -186,6 +186,11 @@ class SourceSnapshot:
     paused_for_s: float
     learned_rpm: int | None = None  # the limits the provider announced, once it has
     learned_tpm: int | None = None
+    # Calls waiting for its permits, per priority class (by rank; trailing classes with
+    # none left out), and the classes' recent grants (counters decayed per grant, kept
+    # where floors are declared: `core.standing`).
+    waiting: tuple[int, ...] = ()
+    recent_grants: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

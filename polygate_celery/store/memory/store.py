@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from polygate_celery.clock import Clock, SystemClock
 from polygate_celery.core.breaker import BreakerState
 from polygate_celery.core.quota import gcra_spent, requests_spent
+from polygate_celery.core.standing import per_class, per_rank, rank_of
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import base
 from polygate_celery.store.admit import carry_out
@@ -171,4 +172,6 @@ class MemoryStore:
             paused_for_s=max(0.0, state.paused_until - self._clock.now()),
             learned_rpm=learned["req"].limit if "req" in learned else None,
             learned_tpm=learned["tok"].limit if "tok" in learned else None,
+            waiting=per_class(rank_of(place[2]) for place in state.queue.values()),
+            recent_grants=per_rank(state.fair.counts),
         )

@@ -29,6 +29,7 @@ from polygate_celery.clock import Clock
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.quota import LEARNED_TTL_S, WINDOW_S, gcra_spent, requests_spent
+from polygate_celery.core.standing import trimmed
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.admit import carry_out
 from polygate_celery.store.base import (
@@ -55,6 +56,7 @@ from polygate_celery.store.redis.groups import Groups, governance_groups
 from polygate_celery.store.redis.keys import KeySpace
 from polygate_celery.store.redis.scripts import (
     STANDING_CONSTANTS,
+    STANDING_SPAN_CLASSES,
     LuaScript,
     _Commands,
     _flags,
@@ -288,17 +290,20 @@ class RedisStore:
         return self._releases.watch(sources, call_id)
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
-        keys = [self.keys.permits(source.name), self.keys.state(source.name)]
+        name = source.name
+        keys = [self.keys.permits(name), self.keys.state(name), self.keys.queue(name)]
         args: list[str | int | float] = [
             self._now(),
             "snapshot",
             source.max_concurrency,
             source.aimd.initial_limit or 0,
             _LEARNED_TTL,
+            *STANDING_SPAN_CLASSES,
         ]
         reply = await self._scripts.run("source", keys, args)
         with reading("snapshot", reply):
-            live, limit, mode, failures, paused_for, learned_rpm, learned_tpm = reply
+            live, limit, mode, failures, paused_for, learned_rpm, learned_tpm = reply[:7]
+            by_class = reply[7:]
             return SourceSnapshot(
                 name=source.name,
                 permits_in_use=int(live),
@@ -308,6 +313,8 @@ class RedisStore:
                 paused_for_s=float(paused_for),
                 learned_rpm=int(float(learned_rpm)) or None,
                 learned_tpm=int(float(learned_tpm)) or None,
+                waiting=trimmed([int(n) for n in by_class[0::2]]),
+                recent_grants=trimmed([float(g) for g in by_class[1::2]]),
             )
 
     # -- plumbing ------------------------------------------------------------------

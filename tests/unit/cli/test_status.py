@@ -10,6 +10,7 @@ from polygate_celery.cli import status
 from polygate_celery.cli.redaction import redis_address
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import RateLimits
+from polygate_celery.core.standing import Standing
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Grant, Settlement
 from polygate_celery.store.redis import RedisStore
@@ -158,3 +159,36 @@ def test_watch_redraws_until_ctrl_c_and_exits_0(
     pauses.clear()
     assert cli("status", "--config", fleet.path, "--watch", "0.5").code == 0
     assert pauses == [0.5, 0.5]
+
+
+async def classes_waiting(store: RedisStore) -> None:
+    """vllm full (a cap of 8 held); two interactive and three batch calls waiting."""
+    for i in range(8):
+        await store.admit(AdmitRequest("summarise", (VLLM,), f"held-{i}"))
+    floors = (0.0, 0.1)
+    for name, rank in (("i0", 0), ("i1", 0), ("b0", 1), ("b1", 1), ("b2", 1)):
+        request = AdmitRequest(
+            "summarise",
+            (VLLM,),
+            f"ask-{name}",
+            call_id=name,
+            claim_s=60.0,
+            standing=Standing(rank=rank, floors=floors),
+        )
+        await store.admit(request)
+
+
+def test_status_shows_the_calls_waiting_in_each_class(cli: Cli, fleet: Fleet) -> None:
+    classes = "\n[priorities.interactive]\n\n[priorities.batch]\nmin_share = 0.1\n"
+    with open(fleet.path, "a", encoding="utf-8") as config:
+        config.write(classes)
+    fleet.run(classes_waiting)
+    ran = cli("status", "--config", fleet.path)
+    assert (ran.code, ran.err) == (0, "")
+    assert row(ran.out, "vllm", "interactive") == ["vllm", "interactive", "2", "-"]
+    assert row(ran.out, "batch")[:2] == ["batch", "3"]
+
+
+def test_status_shows_no_classes_where_none_are_declared(cli: Cli, fleet: Fleet) -> None:
+    ran = cli("status", "--config", fleet.path)
+    assert "CLASS" not in ran.out

@@ -12,6 +12,8 @@ import contextlib
 import math
 from collections import Counter
 
+import pytest
+
 from polygate_celery.core.standing import Standing
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store import Grant
@@ -167,3 +169,22 @@ async def test_a_class_progress_marked_elsewhere_counts_too(h: Harness) -> None:
     h.clock.advance(1.5)
     assert await h.store.progress_age_s("s", 1) == 1.5
     assert await h.store.progress_age_s("s") == 1.5
+
+
+async def test_a_snapshot_counts_the_waiters_and_recent_grants_of_each_class(
+    h: Harness,
+) -> None:
+    assert (await h.snapshot(ONE)).waiting == ()
+    held = await h.grant(ONE)
+    floors = (0.0, 0.2, 0.0)
+    for i in range(3):
+        await queue(h, f"b{i}", Standing(rank=1, floors=floors))
+    await queue(h, "i0", Standing(rank=0, floors=floors))
+    snapshot = await h.snapshot(ONE)
+    assert snapshot.waiting == (1, 3)
+    assert snapshot.recent_grants == ()
+    order, _ = await serve_all(h, held, ["i0", "b0", "b1", "b2"], 2)
+    assert order == ["b0", "i0"]  # batch below its floor first, then the higher class
+    snapshot = await h.snapshot(ONE)
+    assert snapshot.waiting == (0, 2)
+    assert snapshot.recent_grants == pytest.approx((1.0, 0.98))

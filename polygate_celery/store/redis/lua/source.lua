@@ -5,15 +5,19 @@
 -- KEYS[2]  {p}:v1:src:<name>:state     HASH  mode failures open_until probe limit
 --                                            last_decrease paused_until error opened_at;
 --                                            learned quota
---                                            (lrpm ltpm ... lseen: read by snapshot)
+--                                            (lrpm ltpm ... lseen: read by snapshot);
+--                                            fc<rank> (the classes' recent grants)
+-- KEYS[3]  {p}:v1:src:<name>:queue     ZSET  waiters -> their place (snapshot only)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "pause", "resume", "reset" or "snapshot"
 -- ARGV[3]  pause: seconds;  snapshot: cap
 -- ARGV[4]  snapshot: initial AIMD limit (0: the cap)
 -- ARGV[5]  snapshot: core.quota.LEARNED_TTL_S (announced limits older are forgotten)
+-- ARGV[6..7]  snapshot: core.standing's RANK_SPAN and MAX_CLASSES
 -- Returns  pause, resume, reset: "0"
 --          snapshot: {live permits, permit limit, mode, failures, paused_for_s,
---          learned rpm, learned tpm (0: none announced)}
+--          learned rpm, learned tpm (0: none announced), then per class rank 0 to
+--          MAX_CLASSES - 1: its waiters and its recent grants (fc<rank>, "0" if none)}
 -- resume deletes paused_until; reset deletes every field of the state hash (breaker,
 -- AIMD limit, which then starts again from its initial value, pause, last error) and keeps
 -- the permits, whose holders settle as usual, and the learned quota (the provider's).
@@ -44,5 +48,15 @@ local st = redis.call('HMGET', KEYS[2], 'mode', 'failures', 'limit', 'lrpm', 'lt
 local limit = tonumber(st[3] or initial)
 if now - tonumber(st[6] or '-1e300') > tonumber(ARGV[5]) then st[4], st[5] = false, false end
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. fmt(now), '+inf')
-return {live, math.max(1, math.min(cap, math.floor(limit))), st[1] or 'closed',
+local reply = {live, math.max(1, math.min(cap, math.floor(limit))), st[1] or 'closed',
   tonumber(st[2] or '0'), fmt(math.max(0, paused_until - now)), st[4] or '0', st[5] or '0'}
+local span, classes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local fields = {}
+for r = 0, classes - 1 do fields[#fields + 1] = 'fc' .. r end
+local grants = redis.call('HMGET', KEYS[2], unpack(fields))
+for r = 0, classes - 1 do
+  local top = r == classes - 1 and '+inf' or '(' .. fmt((r + 1) * span)
+  reply[#reply + 1] = redis.call('ZCOUNT', KEYS[3], fmt(r * span), top)
+  reply[#reply + 1] = grants[r + 1] or '0'
+end
+return reply
