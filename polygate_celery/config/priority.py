@@ -27,6 +27,9 @@ _TENANT = re.compile(TENANT_PATTERN)
 Tenant = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 """A tenant: 1 to 64 letters, digits or ``_ . : @ -`` (it becomes part of Redis members)."""
 
+# Weights within a million of each other: a waiting call's tag grows by its tokens over its
+# weight, and stays far below `core.standing.RANK_SPAN`.
+MIN_WEIGHT = 0.001
 MAX_WEIGHT = 1000.0
 
 
@@ -57,7 +60,7 @@ class TenantConfig(_Strict):
 
     weight: float = Field(
         1.0,
-        gt=0,
+        ge=MIN_WEIGHT,
         le=MAX_WEIGHT,
         allow_inf_nan=False,
         description="the tenant's weight against the others waiting in its class",

@@ -265,4 +265,4 @@ def test_the_reference_has_a_section_for_classes_and_tenants() -> None:
     assert "### `[priorities.NAME]`" in text
     assert "### `[tenants.NAME] (and [tenant_defaults])`" in text
     assert "| `min_share` | 0 | 0 to < 1 |" in text
-    assert "| `weight` | 1 | > 0 to 1,000 |" in text
+    assert "| `weight` | 1 | 0.001 to 1,000 |" in text
