@@ -15,8 +15,11 @@ Two parts, because they come from two places:
 
 `serve(config, port)` runs both behind one HTTP endpoint, on the workers' host
 (``polygate-celery metrics --port 9464``, or ``python -m polygate_celery.metrics``).
-Labels hold only configured names (scope, source, app) and fixed vocabularies
-(outcome, verdict, cause, reason, strategy): never a key, a URL or a prompt.
+Labels hold only configured names (scope, source, app, priority class, declared
+tenant) and fixed vocabularies (outcome, verdict, cause, reason, strategy): never a
+key, a URL or a prompt. A tenant the configuration does not declare is counted as
+`OTHER_TENANT`: tenants are often customer ids, which would make the label's values
+unbounded.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -65,6 +68,7 @@ logger = logging.getLogger("polygate_celery")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEFAULT_PORT = 9464
 NO_SCOPE = "-"  # a deferral whose verdict named no scope (the store failed first)
+OTHER_TENANT = "other"  # the tenant label of every tenant the configuration does not declare
 BREAKER_STATES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
 
@@ -74,9 +78,19 @@ class PrometheusHook:
     ``configure_worker(app, config, hooks=[PrometheusHook()])`` counts every
     worker process's calls and deferrals. A second hook on the same registry
     would register the same metric names again: pass a fresh `registry` to it.
+
+    Verdicts are labelled with the call's priority class ("" when the configuration
+    declares none) and its tenant: its name for the `tenants` declared in
+    ``[tenants.<name>]``, `OTHER_TENANT` for any other, "" for a call without one.
+    `configure_worker` adds its configuration's tenants (`declare_tenants`); beside a
+    `Gateway` alone, pass them: ``PrometheusHook(tenants=config.tenants)``.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = REGISTRY, *, tenants: Collection[str] = ()
+    ) -> None:
+        self.tenants = frozenset(tenants)
+
         def counter(name: str, doc: str, labels: Sequence[str]) -> Counter:
             return Counter(name, doc, labels, registry=registry)
 
@@ -89,8 +103,9 @@ class PrometheusHook:
         self.verdicts = counter(
             "polygate_verdicts",
             "Governed calls ended, by verdict (success, fatal, or the exhaustion reason: "
-            "stalled, retry_exhausted, fail_fast, deadline)",
-            ("scope", "verdict"),
+            "stalled, retry_exhausted, fail_fast, deadline), priority class and tenant "
+            '(declared tenants by name, the others as "other")',
+            ("scope", "verdict", "priority", "tenant"),
         )
         self.waits = counter(
             "polygate_waits",
@@ -113,12 +128,23 @@ class PrometheusHook:
             ("source", "reason"),
         )
 
+    def declare_tenants(self, tenants: Collection[str]) -> None:
+        """Count `tenants` by name from now on, beside those declared before."""
+        self.tenants = self.tenants | frozenset(tenants)
+
+    def tenant_label(self, tenant: str | None) -> str:
+        """A call's tenant as a label value: bounded by the declared tenants."""
+        if tenant is None:
+            return ""
+        return tenant if tenant in self.tenants else OTHER_TENANT
+
     def __call__(self, event: Event) -> None:
         if isinstance(event, AttemptEvent):
             record = event.record
             self.attempts.labels(event.scope, record.source, record.outcome).inc()
         elif isinstance(event, VerdictEvent):
-            self.verdicts.labels(event.scope, event.verdict).inc()
+            tenant = self.tenant_label(event.tenant)
+            self.verdicts.labels(event.scope, event.verdict, event.priority or "", tenant).inc()
         elif isinstance(event, WaitEvent):
             self.waits.labels(event.scope, event.cause).inc()
             self.wait_seconds.labels(event.scope, event.cause).inc(max(0.0, event.seconds))

@@ -15,10 +15,10 @@ deferral carries on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from polygate_celery.core.outcome import AttemptRecord, Outcome
 from polygate_celery.core.selection import BlockReason
@@ -32,12 +32,16 @@ class CallEvent:
 
     `payload` is the request as given: it holds the prompt, so a hook records it
     only where its user asked for bodies (it is left out of the event's repr).
+    `priority` is the call's class (the default class when it named none; None when
+    the configuration declares no class), `tenant` whom it is for (None: no one).
     """
 
     scope: str
     call_id: str
     kind: str
     payload: Any = field(default=None, repr=False, compare=False)
+    priority: str | None = field(default=None, compare=False)
+    tenant: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,8 @@ class WaitEvent:
 @dataclass(frozen=True, slots=True)
 class VerdictEvent:
     """A call ended: `verdict` is "success", "fatal", an `AllSourcesExhausted` reason,
-    "backend_error", "cancelled", or "error" (an unexpected exception)."""
+    "backend_error", "cancelled", or "error" (an unexpected exception). `priority` and
+    `tenant` are the call's, as in its `CallEvent`."""
 
     scope: str
     verdict: str
@@ -84,6 +89,8 @@ class VerdictEvent:
     retry_after_s: float | None = None
     source: str | None = None
     call_id: str | None = field(default=None, compare=False)
+    priority: str | None = field(default=None, compare=False)
+    tenant: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,14 @@ Event: TypeAlias = (
     CallEvent | AttemptEvent | WaitEvent | VerdictEvent | SourceAlertEvent | DeferralEvent
 )
 TelemetryHook: TypeAlias = Callable[[Event], None]
+
+
+@runtime_checkable
+class CountsByTenant(Protocol):
+    """A hook that labels what it counts with the tenants the configuration declares, and
+    no other (`PrometheusHook`): `configure_worker` tells it which those are."""
+
+    def declare_tenants(self, tenants: Collection[str]) -> None: ...
 
 
 class Telemetry:

@@ -8,7 +8,9 @@ it already paid for without asking the provider a second time. Kept results
 belong to the submission (task id and ``polygate_submission``): another
 submission with the same task id never gets them. A call's success also makes
 the tasks an outage of its scope parked due at once (`Lot.wake`): the
-scope answers again.
+scope answers again. Every call is in the run's priority class and for its tenant
+(`polygate_celery.celery.priority`), unless it names its own ``priority=`` or
+``tenant=``.
 """
 
 from __future__ import annotations
@@ -76,10 +78,14 @@ class _Calls:
         *,
         reuse: bool = False,
         rerun: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.submission = submission
         self.scope = scope
+        self.priority = priority  # the run's class and tenant: a call's own win
+        self.tenant = tenant
         self._reuse = reuse and runtime.redis is not None
         self._rerun = rerun
         self._positions = itertools.count()
@@ -90,6 +96,13 @@ class _Calls:
         if chosen is None:
             raise ValueError("no scope: give one to @governed(...) or to the call")
         return self.runtime.check_scope(chosen)
+
+    def _standing(self, priority: str | None, tenant: str | None) -> tuple[str | None, str | None]:
+        """A call's class and tenant: its own, else the run's."""
+        return (
+            self.priority if priority is None else priority,
+            self.tenant if tenant is None else tenant,
+        )
 
     async def _governed(self, make: Callable[[], Awaitable[CallResult]], scope: str) -> CallResult:
         position = next(self._positions)
@@ -155,6 +168,8 @@ class AsyncGovernedCalls(_Calls):
         scope: str | None = None,
         stream: bool | None = None,
         fail_fast: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
         **params: Any,
     ) -> CallResult:
         """A chat completion (`Gateway.chat`).
@@ -164,6 +179,10 @@ class AsyncGovernedCalls(_Calls):
             scope: Default: the one given to `@governed`.
             stream: As in `Gateway.chat`.
             fail_fast: As in `Gateway.call`.
+            priority: The call's class. Default: the task's (``@governed(priority=)``,
+                or the message's ``polygate_priority`` header).
+            tenant: Whom the call is for. Default: the task's (its ``tenant_arg``
+                argument, or the message's ``polygate_tenant`` header).
             **params: Sent to the provider as they are.
 
         Returns:
@@ -171,20 +190,41 @@ class AsyncGovernedCalls(_Calls):
 
         Raises:
             ValueError: No scope was given here or to `@governed`.
+            ConfigError: As in `Gateway.call`: an undeclared class, a malformed tenant.
         """
         gateway, chosen = self.runtime.gateway, self._scope(scope)
+        priority, tenant = self._standing(priority, tenant)
         return await self._governed(
-            lambda: gateway.chat(chosen, messages, stream=stream, fail_fast=fail_fast, **params),
+            lambda: gateway.chat(
+                chosen,
+                messages,
+                stream=stream,
+                fail_fast=fail_fast,
+                priority=priority,
+                tenant=tenant,
+                **params,
+            ),
             chosen,
         )
 
     async def embed(
-        self, inputs: Sequence[str] | str, *, scope: str | None = None, fail_fast: bool = False
+        self,
+        inputs: Sequence[str] | str,
+        *,
+        scope: str | None = None,
+        fail_fast: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
     ) -> CallResult:
-        """Embeddings of `inputs` (`Gateway.embed`); `scope` as in `chat`."""
+        """Embeddings of `inputs` (`Gateway.embed`); `scope`, `priority` and `tenant` as in
+        `chat`."""
         gateway, chosen = self.runtime.gateway, self._scope(scope)
+        priority, tenant = self._standing(priority, tenant)
         return await self._governed(
-            lambda: gateway.embed(chosen, inputs, fail_fast=fail_fast), chosen
+            lambda: gateway.embed(
+                chosen, inputs, fail_fast=fail_fast, priority=priority, tenant=tenant
+            ),
+            chosen,
         )
 
     async def ocr(
@@ -195,21 +235,44 @@ class AsyncGovernedCalls(_Calls):
         mime: str = "image/png",
         prompt: str | None = None,
         fail_fast: bool = False,
+        priority: str | None = None,
+        tenant: str | None = None,
     ) -> CallResult:
-        """The text in `image` (`Gateway.ocr`); `scope` as in `chat`."""
+        """The text in `image` (`Gateway.ocr`); `scope`, `priority` and `tenant` as in
+        `chat`."""
         gateway, chosen = self.runtime.gateway, self._scope(scope)
+        priority, tenant = self._standing(priority, tenant)
         return await self._governed(
-            lambda: gateway.ocr(chosen, image, mime=mime, prompt=prompt, fail_fast=fail_fast),
+            lambda: gateway.ocr(
+                chosen,
+                image,
+                mime=mime,
+                prompt=prompt,
+                fail_fast=fail_fast,
+                priority=priority,
+                tenant=tenant,
+            ),
             chosen,
         )
 
     async def call(
-        self, payload: Any, *, scope: str | None = None, est_tokens: int = 0
+        self,
+        payload: Any,
+        *,
+        scope: str | None = None,
+        est_tokens: int = 0,
+        priority: str | None = None,
+        tenant: str | None = None,
     ) -> CallResult:
-        """A call of a custom `payload` (`Gateway.call`); `scope` as in `chat`."""
+        """A call of a custom `payload` (`Gateway.call`); `scope`, `priority` and `tenant`
+        as in `chat`."""
         gateway, chosen = self.runtime.gateway, self._scope(scope)
+        priority, tenant = self._standing(priority, tenant)
         return await self._governed(
-            lambda: gateway.call(chosen, payload, est_tokens=est_tokens), chosen
+            lambda: gateway.call(
+                chosen, payload, est_tokens=est_tokens, priority=priority, tenant=tenant
+            ),
+            chosen,
         )
 
 

@@ -34,7 +34,7 @@ from polygate_celery.governance.gateway import Gateway
 from polygate_celery.sources.factory import sources_from_config
 from polygate_celery.store.factory import store_from_config
 from polygate_celery.store.redis import RedisStore, blocking_governance_client
-from polygate_celery.telemetry import Telemetry, TelemetryHook
+from polygate_celery.telemetry import CountsByTenant, Telemetry, TelemetryHook
 
 if TYPE_CHECKING:
     from polygate_celery.celery.guard import Heartbeat
@@ -76,9 +76,13 @@ def register_config(
     app: Celery, config: GatewayConfig, hooks: Sequence[TelemetryHook] = ()
 ) -> None:
     """The configuration governed tasks of `app` use (else: `load_config()` on first use),
-    and the telemetry hooks its runtimes pass every event to."""
+    and the telemetry hooks its runtimes pass every event to; a hook that counts by tenant
+    learns the tenants `config` declares."""
     governance = governance_of(app)
     governance.config, governance.hooks = config, tuple(hooks)
+    for hook in hooks:
+        if isinstance(hook, CountsByTenant):
+            hook.declare_tenants(config.tenants)
 
 
 def forget_config(app: Celery) -> None:

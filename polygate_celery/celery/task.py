@@ -18,10 +18,12 @@ What the body's calls end in decides the task's fate (SPEC §6):
 | `AllSourcesExhausted` retry_exhausted                | FAILURE with the verdict      |
 | `SourceFatalError`                                   | FAILURE at once               |
 | deferral budget spent                                | FAILURE, DeferralBudgetExceeded|
+| `ConfigError` (an undeclared class, a bad tenant...) | FAILURE, never retried        |
 
 With ``bind=True``, name the task's first parameter ``self``; the handle comes
 second. An ``async def`` body gets an `AsyncGovernedCalls` and runs on the
-worker's event loop.
+worker's event loop. The priority class and tenant of the calls:
+`polygate_celery.celery.priority`.
 """
 
 from __future__ import annotations
@@ -33,19 +35,21 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar, cast
 
-from celery import Celery, Task, signals
+from celery import Task, signals
 from celery._state import get_current_task
 from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 from kombu.exceptions import EncodeError
 
+# The worker-start check: connected as this module is imported, and importable from here.
+from polygate_celery.celery.checks import check_governed_tasks  # noqa: F401
 from polygate_celery.celery.deferral import defer, requeue_copy, trace_of
 from polygate_celery.celery.guard import ExecutionGuard, patiently, quietly
 from polygate_celery.celery.handle import AsyncGovernedCalls, GovernedCalls
 from polygate_celery.celery.identity import RunIdentity
-from polygate_celery.celery.registry import GOVERNED, SCOPE, governed_tasks
-from polygate_celery.celery.runtime import WorkerRuntime, registered_config, runtime_for
-from polygate_celery.config.loading import load_config
+from polygate_celery.celery.priority import RunStanding, TenantArgument, run_standing
+from polygate_celery.celery.registry import GOVERNED, PRIORITY, SCOPE
+from polygate_celery.celery.runtime import WorkerRuntime, runtime_for
 from polygate_celery.errors import (
     AllSourcesExhausted,
     ConfigError,
@@ -59,7 +63,12 @@ logger = logging.getLogger("polygate_celery")
 
 
 def governed(
-    scope: str | None = None, *, reuse_results: bool = False, bound: bool | None = None
+    scope: str | None = None,
+    *,
+    priority: str | None = None,
+    tenant_arg: str | None = None,
+    reuse_results: bool = False,
+    bound: bool | None = None,
 ) -> Callable[[F], F]:
     """Give a task body a handle for governed calls and map their verdicts onto Celery.
 
@@ -72,6 +81,14 @@ def governed(
 
     Args:
         scope: The calls' default scope (a call may name another).
+        priority: The class of the task's calls, declared in ``[priorities]``
+            (None: the configuration's default class). A message's header
+            ``polygate_priority`` names another for that message; a call's own
+            ``priority=`` wins over both.
+        tenant_arg: The body's parameter whose value is the tenant of its calls,
+            given by position or keyword. Without it, or when its value is None,
+            the message's header ``polygate_tenant`` names the tenant, if any; a
+            call's own ``tenant=`` wins over both.
         reuse_results: Keep each result a run paid for, and reuse it when the
             task runs again after a deferral instead of asking the provider again.
         bound: Whether Celery binds the task. Default: the first parameter is
@@ -81,8 +98,8 @@ def governed(
         The decorator.
 
     Raises:
-        TypeError: When it decorates: it was put above ``@app.task``, or the
-            body has no parameter for the handle.
+        TypeError: When it decorates: it was put above ``@app.task``, the body
+            has no parameter for the handle, or none named `tenant_arg`.
     """
 
     def decorate(fn: F) -> F:
@@ -97,67 +114,40 @@ def governed(
         if len(parameters) <= handle_at:
             raise TypeError(f"{fn.__qualname__} needs a parameter for its governed calls")
         is_async = inspect.iscoroutinefunction(fn)
+        visible = parameters[:handle_at] + parameters[handle_at + 1 :]
+        tenant_from = None
+        if tenant_arg is not None:
+            tenant_from = TenantArgument(visible, handle_at, tenant_arg, fn.__qualname__)
 
         @functools.wraps(fn)
         def run_task(*args: Any, **kwargs: Any) -> Any:
             task = args[0] if is_bound and args and isinstance(args[0], Task) else current()
+            _hand_back_unpublished_retries(task)
             runtime = runtime_for(task.app)
+            # Once per run; a ConfigError here fails the task before its body starts.
+            standing = run_standing(task, runtime.config, priority, tenant_from, args, kwargs)
             with _traced(task, runtime):
                 return _run(
-                    task, runtime, fn, args, kwargs, handle_at, is_async, scope, reuse_results
+                    task,
+                    runtime,
+                    fn,
+                    args,
+                    kwargs,
+                    handle_at,
+                    is_async,
+                    scope,
+                    reuse_results,
+                    standing,
                 )
 
         del run_task.__wrapped__  # Celery must see the signature without the handle
-        visible = parameters[:handle_at] + parameters[handle_at + 1 :]
         run_task.__signature__ = inspect.signature(fn).replace(parameters=visible)  # type: ignore[attr-defined]
         setattr(run_task, GOVERNED, True)
         setattr(run_task, SCOPE, scope)
+        setattr(run_task, PRIORITY, priority)
         return cast(F, run_task)
 
     return decorate
-
-
-def check_governed_tasks(app: Celery) -> list[str]:
-    """At worker start: each problem with `app`'s governed tasks, logged as an error, one
-    line each. A governed app that never called `configure_worker`; a task whose
-    `@governed` scope the configuration does not have (its every run would fail)."""
-    tasks = governed_tasks(app)
-    if not tasks:
-        return []
-    problems = []
-    config = registered_config(app)
-    if config is None:
-        problems.append(
-            f"app {app.main!r} has governed tasks ({', '.join(sorted(tasks))}) but "
-            "configure_worker(app, load_config()) was never called for it: call it where the "
-            "app is made (without it: no late acknowledgement, no time limits, no parking lot, "
-            "and the configuration is read from $POLYGATE_CONFIG at the first task)"
-        )
-        try:
-            config = load_config()
-        except ConfigError:
-            config = None
-    if config is not None and config.scopes:  # none at all: the problem above says why
-        scopes = sorted(config.scopes)
-        for name, scope in sorted(tasks.items()):
-            if scope is not None and scope not in config.scopes:
-                problems.append(
-                    f"task {name!r} is @governed({scope!r}), a scope the configuration does "
-                    f"not have (configured: {', '.join(scopes) or 'none'}): fix the name, or "
-                    f"add [scopes.{scope}]"
-                )
-    for problem in problems:
-        logger.error("%s", problem)
-    return problems
-
-
-def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    if isinstance(app, Celery):
-        check_governed_tasks(app)
-
-
-signals.worker_init.connect(_check_at_worker_start, weak=False)
 
 
 def current() -> Task[Any, Any]:
@@ -191,14 +181,22 @@ def _run(
     is_async: bool,
     scope: str | None,
     reuse: bool,
+    standing: RunStanding,
 ) -> Any:
-    _hand_back_unpublished_retries(task)
     run = RunIdentity.of(task)
     guard = ExecutionGuard.of(runtime, task, run)
     rerun = run.deferrals > 0 or guard.copy  # kept results may exist
     # Kept per submission and Celery retry: a retry asks again (its answer was refused).
     kept_as = f"{run.submission_key}:{run.retries}"
-    calls = AsyncGovernedCalls(runtime, kept_as, scope, reuse=reuse, rerun=rerun)
+    calls = AsyncGovernedCalls(
+        runtime,
+        kept_as,
+        scope,
+        reuse=reuse,
+        rerun=rerun,
+        priority=standing.priority,
+        tenant=standing.tenant,
+    )
     handle = calls if is_async else GovernedCalls(calls)
     call_args = (*args[:handle_at], handle, *args[handle_at:])
 
@@ -257,7 +255,10 @@ def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
     for ``self.retry()`` in the body and for ``autoretry_for`` (which calls `task.retry`
     after the body has ended). Each hand-back counts toward `redelivery_cap`, so a
     publish that fails every time ends as `PoisonMessage`, not in a loop. A retry that
-    cannot be encoded is dropped at once, as Celery does.
+    cannot be encoded is dropped at once, as Celery does. A retry for a `ConfigError` (an
+    undeclared class, a malformed tenant, a missing scope) is not made: the error is
+    raised, and the task fails; no retry mends a configuration (``autoretry_for=(Exception,)``
+    would otherwise retry it ``max_retries`` times, or forever).
 
     A wrapper, because Celery has no hook there: ``Task.retry`` raises that Reject
     itself (``on_retry`` comes only after a retry was published), and a base class of
@@ -268,6 +269,9 @@ def _hand_back_unpublished_retries(task: Task[Any, Any]) -> None:
 
     @functools.wraps(celery_retry)
     def retry(*args: Any, **kwargs: Any) -> Any:
+        reason = kwargs.get("exc", args[2] if len(args) > 2 else None)
+        if isinstance(reason, ConfigError):
+            raise reason
         try:
             return celery_retry(*args, **kwargs)
         except Reject as exc:

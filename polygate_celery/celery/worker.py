@@ -37,6 +37,7 @@ from polygate_celery.celery.broker import (
 )
 from polygate_celery.celery.chords import install_counting_request
 from polygate_celery.celery.parking import Releaser, lot_name
+from polygate_celery.celery.priority import check_task_classes
 from polygate_celery.celery.registry import governed_tasks
 from polygate_celery.celery.runtime import (
     WorkerRuntime,
@@ -110,7 +111,8 @@ def configure_worker(
     Raises:
         ConfigError: A setting the broker cannot honour: a Redis visibility
             timeout or a RabbitMQ consumer timeout shorter than the hard time
-            limit, a broker URL that does not parse, ``calls_per_task`` below 1.
+            limit, a broker URL that does not parse, ``calls_per_task`` below 1; a
+            task's ``@governed(priority=...)`` class undeclared (`check_task_classes`).
     """
     settings = worker_settings(
         app,
@@ -120,6 +122,7 @@ def configure_worker(
         visibility_margin_s=visibility_margin_s,
         consumer_timeout_s=consumer_timeout_s,
     )
+    check_task_classes(app, config)
     governance = governance_of(app)
     governance.limits = governed_time_limits(app, config, calls_per_task, extra_task_s)
     remember_broker(app, consumer_timeout_s)

@@ -31,7 +31,7 @@ What is exported:
   counters of the governed calls, counted where they run (workers with
   configure_worker(app, config, hooks=[PrometheusHook()])):
     polygate_attempts_total               attempts, by scope, source, outcome
-    polygate_verdicts_total               calls ended, by scope, verdict
+    polygate_verdicts_total               calls ended, by scope, verdict, priority, tenant
     polygate_waits_total                  waits, by scope, cause
     polygate_wait_seconds_total           seconds waited, by scope, cause
     polygate_deferrals_total              tasks deferred, by scope, reason, strategy

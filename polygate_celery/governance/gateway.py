@@ -96,6 +96,7 @@ class Gateway:
         kind: CallerKind = caller or ("task" if scope_gate else "direct")
         # Where a call that names no class and no tenant stands: the same for every call.
         self._unnamed = config.standing()
+        self._classes = tuple(config.priorities)  # a rank's class name, for telemetry
         self._plans = {name: ScopePlan.build(config, name, kind) for name in config.scopes}
         self._runtime = Runtime(
             store=self.store,
@@ -161,7 +162,10 @@ class Gateway:
             standing = self._unnamed
         else:
             standing = self.config.standing(priority, tenant)
-        call = GovernedCall(self._runtime, plan, payload, est_tokens, fail_fast, standing)
+        named = self._classes[standing.rank] if self._classes else None
+        call = GovernedCall(
+            self._runtime, plan, payload, est_tokens, fail_fast, standing, priority=named
+        )
         return await call.run()
 
     async def chat(

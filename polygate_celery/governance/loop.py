@@ -115,7 +115,8 @@ class Runtime:
 
 class GovernedCall:
     """One call through the loop. Created per call; its state is never shared. `standing`
-    (its class and tenant, resolved once by the gateway) goes with every admission."""
+    (its class and tenant, resolved once by the gateway) goes with every admission;
+    `priority`, its class's name, goes with its events."""
 
     def __init__(
         self,
@@ -125,6 +126,8 @@ class GovernedCall:
         est_tokens: int,
         fail_fast: bool,
         standing: Standing = PLAIN,
+        *,
+        priority: str | None = None,
     ) -> None:
         self.rt = rt
         self.plan = plan
@@ -132,6 +135,7 @@ class GovernedCall:
         self.est_tokens = est_tokens
         self.standing = standing
         self.progress_rank = standing.rank if rt.classes else None
+        self.priority = priority
         self.call_id = next(_permit_ids)
         rules = engine.replace(
             plan, est_tokens=est_tokens, fail_fast=fail_fast, scope_gate=rt.scope_gate
@@ -148,8 +152,10 @@ class GovernedCall:
 
     async def run(self) -> CallResult:
         if self.rt.telemetry.active:
-            kind = self.plan.policy.kind
-            self.rt.telemetry.emit(CallEvent(self.plan.name, self.call_id, kind, self.payload))
+            kind, tenant = self.plan.policy.kind, self.standing.tenant or None
+            self.rt.telemetry.emit(
+                CallEvent(self.plan.name, self.call_id, kind, self.payload, self.priority, tenant)
+            )
         try:
             result = await self._drive()
         except AllSourcesExhausted as exc:
@@ -363,6 +369,8 @@ class GovernedCall:
                     retry_after_s=retry_after_s,
                     source=source,
                     call_id=self.call_id,
+                    priority=self.priority,
+                    tenant=self.standing.tenant or None,
                 )
             )
 

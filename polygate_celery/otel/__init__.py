@@ -15,8 +15,8 @@ release of the conventions repository that holds them):
   own span. It is current while the call runs, so spans of an instrumented HTTP
   client nest under it. It carries `gen_ai.operation.name`, the answering
   model, the verdict (`error.type` when it is not a success) and ``polygate.*``
-  attributes: scope, source, attempts, stall time, waits by cause, the task's
-  deferrals so far.
+  attributes: scope, priority class and tenant, source, attempts, stall time,
+  waits by cause, the task's deferrals so far.
 - a span per attempt, ``{operation} {model}`` (CLIENT), a child of its call's:
   the provider, requested and answering models, token usage, `error.type` of a
   failure. Token usage is on attempts only, so a backend that adds usage up

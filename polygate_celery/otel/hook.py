@@ -112,6 +112,10 @@ class OpenTelemetryHook:
             "gen_ai.operation.name": operation,
             "polygate.scope": event.scope,
         }
+        if event.priority is not None:
+            attributes["polygate.priority"] = event.priority
+        if event.tenant is not None:  # any tenant: spans are sampled, not aggregated
+            attributes["polygate.tenant"] = event.tenant
         run = run_trace.get()
         if run is not None:
             attributes["polygate.task.deferrals"] = run.deferrals

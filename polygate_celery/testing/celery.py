@@ -14,7 +14,7 @@ settings, configuration and runtime are as they were (the runtime's thread is st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from celery import Celery
@@ -34,6 +34,7 @@ from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.sources.base import Source
 from polygate_celery.store.base import Store
 from polygate_celery.store.memory import MemoryStore
+from polygate_celery.telemetry import TelemetryHook
 
 EAGER = ("task_always_eager", "task_eager_propagates")
 
@@ -48,6 +49,7 @@ def governed_tasks(
     store: Store | None = None,
     random: Callable[[], float] | None = None,
     eager: bool = True,
+    hooks: Sequence[TelemetryHook] = (),
 ) -> Iterator[WorkerRuntime]:
     """Run `app`'s governed tasks in this process, as a test of them does.
 
@@ -65,6 +67,8 @@ def governed_tasks(
             the task in a worker is raised instead). False leaves the app's
             settings alone (a worker started in this process, e.g. Celery's
             `start_worker`, then runs them).
+        hooks: Telemetry hooks given every event of the tasks' calls (e.g. to see
+            each call's priority class and tenant in its `CallEvent`).
 
     Yields:
         The worker runtime (its `gateway` and `store` can be inspected).
@@ -79,7 +83,7 @@ def governed_tasks(
         store=store if store is not None else MemoryStore(clock),
         random=random,
     )
-    register_config(app, config)
+    register_config(app, config, hooks)
     set_runtime_parts(app, parts)
     if eager:
         app.conf.update(task_always_eager=True, task_eager_propagates=True)

@@ -88,6 +88,15 @@ def ask_in(self: Any, calls: GovernedCalls, scope: str, text: str = "hello") -> 
     return calls.chat([{"role": "user", "content": text}], scope=scope).value.text
 
 
+@app.task(bind=True)
+@governed("chat", tenant_arg="customer")
+def ask_for(self: Any, calls: GovernedCalls, customer: str | None = None) -> str:
+    """A call for `customer` (else the message's ``polygate_tenant``), in the class the
+    message's ``polygate_priority`` names."""
+    note_run(self.request.id)
+    return calls.chat(HELLO).value.text
+
+
 @app.task
 @governed("chat", reuse_results=True)
 def ask_twice(calls: GovernedCalls, first: str, second: str) -> list[str]:

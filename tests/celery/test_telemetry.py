@@ -79,5 +79,5 @@ def test_prefork_pool_processes_count_into_one_multiprocess_directory(
     MultiProcessCollector(registry, path=str(metrics_dir))
     labels: dict[str, Any] = {"scope": "chat", "source": "main", "outcome": "success"}
     assert registry.get_sample_value("polygate_attempts_total", labels) == 8
-    verdicts = {"scope": "chat", "verdict": "success"}
+    verdicts = {"scope": "chat", "verdict": "success", "priority": "", "tenant": ""}
     assert registry.get_sample_value("polygate_verdicts_total", verdicts) == 8

@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from polygate_celery import AllSourcesExhausted, GatewayConfig, SourceFatalError, parse_config
+from polygate_celery.celery import configure_worker
+from polygate_celery.celery.runtime import forget_config
 from polygate_celery.governance.plan import source_terms
 from polygate_celery.metrics import GovernanceCollector, PrometheusHook
 from polygate_celery.store import AdmitRequest, Grant, Store
@@ -73,9 +76,13 @@ async def test_the_hook_counts_what_governed_calls_do(
     assert value(registry, attempts, scope="s", source="a", outcome="success") == 1
     assert value(registry, attempts, scope="s", source="a", outcome="fatal") == 1
     assert value(registry, attempts, scope="s", source="a", outcome="rate_limited") == 2
-    assert value(registry, "polygate_verdicts_total", scope="s", verdict="success") == 1
-    assert value(registry, "polygate_verdicts_total", scope="s", verdict="fatal") == 1
-    assert value(registry, "polygate_verdicts_total", scope="s", verdict="retry_exhausted") == 1
+    unnamed = {"priority": "", "tenant": ""}  # no class declared, no tenant
+    assert value(registry, "polygate_verdicts_total", scope="s", verdict="success", **unnamed) == 1
+    assert value(registry, "polygate_verdicts_total", scope="s", verdict="fatal", **unnamed) == 1
+    exhausted = value(
+        registry, "polygate_verdicts_total", scope="s", verdict="retry_exhausted", **unnamed
+    )
+    assert exhausted == 1
     backoffs = [e for e in recorder.of(WaitEvent) if e.cause == "backoff"]
     assert backoffs
     assert value(registry, "polygate_waits_total", scope="s", cause="backoff") == len(backoffs)
@@ -101,6 +108,55 @@ def test_the_hook_counts_deferrals_and_source_alerts(
         value(registry, "polygate_source_alerts_total", source="a", reason="credentials rejected")
         == 1
     )
+
+
+async def test_verdicts_are_labelled_by_class_and_by_declared_tenants_alone(
+    clock: VirtualClock, gateway: GatewayFactory, registry: CollectorRegistry
+) -> None:
+    config = parse_config(
+        {
+            "sources": {"a": {}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"]}},
+            "priorities": {"interactive": {}, "batch": {"default": True}},
+            "tenants": {"acme": {"weight": 5}, "globex": {}},
+        }
+    )
+    hook = PrometheusHook(registry, tenants=["acme"])
+    hook.declare_tenants(config.tenants)  # as configure_worker does: acme and globex
+    gw = gateway(config, {"a": ScriptedSource.always(clock, steps.ok())}, hooks=[hook])
+    messages = [{"role": "user", "content": "hi"}]
+    await gw.chat("s", messages, priority="interactive", tenant="acme")
+    await gw.chat("s", messages, tenant="globex")
+    for customer in ("customer-1", "customer-2", "customer-3"):
+        await gw.chat("s", messages, tenant=customer)
+    await gw.chat("s", messages)
+
+    def verdicts(priority: str, tenant: str) -> float | None:
+        labels = {"scope": "s", "verdict": "success", "priority": priority, "tenant": tenant}
+        return value(registry, "polygate_verdicts_total", **labels)
+
+    assert verdicts("interactive", "acme") == 1
+    assert verdicts("batch", "globex") == 1
+    assert verdicts("batch", "other") == 3  # undeclared tenants: one label value
+    assert verdicts("batch", "") == 1  # no tenant
+    assert "customer-1" not in generate_latest(registry).decode()
+
+
+def test_configure_worker_tells_the_hook_the_declared_tenants(registry: CollectorRegistry) -> None:
+    config = parse_config(
+        {
+            "sources": {"a": {}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"]}},
+            "tenants": {"acme": {"weight": 5}},
+        }
+    )
+    hook = PrometheusHook(registry)
+    assert hook.tenant_label("acme") == "other"
+    app = Celery("metrics-tenants", set_as_current=False)
+    configure_worker(app, config, hooks=[hook])
+    forget_config(app)
+    assert (hook.tenant_label("acme"), hook.tenant_label("initech")) == ("acme", "other")
+    assert hook.tenant_label(None) == ""
 
 
 def test_a_second_hook_needs_a_registry_of_its_own(registry: CollectorRegistry) -> None:

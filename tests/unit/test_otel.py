@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from polygate_celery import AllSourcesExhausted, Outcome, SourceFatalError
+from polygate_celery import AllSourcesExhausted, Outcome, SourceFatalError, parse_config
 from polygate_celery.governance import loop
 from polygate_celery.otel import OpenTelemetryHook, provider_of
 from polygate_celery.sources.exchange import BODY_MARK
@@ -23,6 +23,12 @@ from polygate_celery.store import MemoryStore
 from polygate_celery.telemetry import RunTrace, run_trace
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import CANARY_KEY, GatewayFactory, make_config
+
+PRIORITIES = {
+    "sources": {"a": {}},
+    "scopes": {"s": {"kind": "chat", "sources": ["a"]}},
+    "priorities": {"interactive": {}, "batch": {}},
+}
 
 # The GenAI attributes of the OpenTelemetry semantic conventions v1.41.1 (the last release
 # of open-telemetry/semantic-conventions holding them): model/gen-ai/registry.yaml, and
@@ -273,6 +279,32 @@ async def test_the_operation_is_named_by_the_scope_kind(
     attempt = attrs(spans[f"{operation} m-1"])
     assert attempt["gen_ai.provider.name"] == "mistral_ai"
     assert attempt["gen_ai.usage.output_tokens"] == 3
+
+
+async def test_the_call_span_names_its_class_and_any_tenant(
+    clock: VirtualClock,
+    own_store_gateway: GatewayFactory,
+    otel: OpenTelemetryHook,
+    exporter: InMemorySpanExporter,
+) -> None:
+    config = parse_config(PRIORITIES)  # classes interactive, then batch (the default)
+    source = ScriptedSource.always(clock, steps.ok())
+    gw = own_store_gateway(config, {"a": source}, store=MemoryStore(clock), hooks=[otel])
+    messages = [{"role": "user", "content": "hi"}]
+    await gw.chat("s", messages, priority="interactive", tenant="customer-1042")
+    await gw.chat("s", messages)
+    await gw.aclose()
+    named, unnamed = (
+        attrs(span) for span in exporter.get_finished_spans() if span.kind is SpanKind.INTERNAL
+    )
+    assert_conventional(exporter.get_finished_spans())
+    # Any tenant, declared or not: spans are sampled, not aggregated into series.
+    assert (named["polygate.priority"], named["polygate.tenant"]) == (
+        "interactive",
+        "customer-1042",
+    )
+    assert unnamed["polygate.priority"] == "batch"  # the default class
+    assert "polygate.tenant" not in unnamed
 
 
 async def test_failures_carry_error_type_on_attempts_and_the_verdict_on_the_call(
