@@ -117,6 +117,9 @@ local booked = '@' .. call
 local claim_s = tonumber(ARGV[7])
 local book_within = tonumber(ARGV[8]) or 0
 local function waiter() return ARGV[11] .. ' ' .. call .. ' ' .. ARGV[7] end
+-- where a waiter of this caller's standing takes its place (standing.lua)
+local s_rank, s_weight, s_tenant, s_floors = standing_of(ARGV[9])
+local s_virtual, s_finish = 'fv' .. s_rank, 'ff' .. s_rank .. ':' .. s_tenant
 
 -- A repeated admit returns its first grant. With one candidate and no queue to look
 -- in, the permit's presence is checked where it matters instead: when adding it, and
@@ -173,7 +176,7 @@ for i = 1, n do
     mine = handed_until[i] > now
   end
   local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until',
-    'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen', 'lwend', 'lwleft', 'lwseen')
+    'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen', 'lwend', 'lwleft', 'lwseen', s_virtual, s_finish)
   -- the provider's limits as announced (learned at settle), unless forgotten
   local learned = st[10] and now - tonumber(st[10]) <= LEARNED_TTL_S
   -- requests follow the provider's window (not declared, and an answer showed one lately)
@@ -220,8 +223,10 @@ for i = 1, n do
     -- (above): the others would be refused alike, and poll.
     if not mine and waits ~= '0' and #reasons == 1 and reasons[1] == 'at_capacity' then
       local w = waiter()
-      if not redis.call('ZSCORE', KEYS[6 * i - 1], w) then  -- (queued already: kept)
-        redis.call('ZADD', KEYS[6 * i - 1], place(skey, ARGV[9], est), w)
+      local tag = tag_of(st[14], st[15], est, s_weight)
+      -- (NX: queued already, it keeps its place)
+      if redis.call('ZADD', KEYS[6 * i - 1], 'NX', score_of(s_rank, tag), w) == 1 then
+        redis.call('HSET', skey, s_finish, fmt(tag), 'ffloors', s_floors)
       end
       redis.call('ZADD', KEYS[6 * i], now + claim_s, w)
     end
@@ -280,7 +285,8 @@ for i = 1, n do
         if j ~= i and slot_of[j] then redis.call('ZREM', alive, booked) end  -- lapses unused
         if j > i and handed_until[j] then
           redis.call('ZREM', KEYS[6 * j - 5], handed)
-          hand_on(KEYS[6 * j - 5], queue, alive, KEYS[6 * j - 4], now, ARGV[12],
+          local floors = redis.call('HGET', KEYS[6 * j - 4], 'ffloors')
+          hand_on(KEYS[6 * j - 5], queue, alive, KEYS[6 * j - 4], floors, now, ARGV[12],
             ARGV[T + 6 * j - 5], ARGV[11], reply)
         end
       end

@@ -1,14 +1,16 @@
--- handover.lua: included by admit.lua, settle.lua and keep.lua (a line "-- include:
--- handover"), after standing.lua; not a script of its own.
+-- handover.lua: included by admit.lua and keep.lua (a line "-- include: handover"),
+-- after standing.lua; not a script of its own.
 
 -- The live waiter served next (its class, its fair share: standing.lua) gets the
 -- permit just freed: it is held for the waiter until its claim ends, and the waiter's
 -- process is told (one message), or, when it is the caller's own process, named in
 -- the reply (`local_wakes`). Waiters whose claim has ended are dropped on the way.
--- Returns whether a live waiter was found.
-local function hand_on(pkey, queue, alive, skey, now, channel, name, own_origin, local_wakes)
+-- `floors`: the state hash's ffloors, as the caller read it. Returns whether a live
+-- waiter was found.
+local function hand_on(pkey, queue, alive, skey, floors, now, channel, name, own_origin,
+    local_wakes)
   while true do
-    local head, score, floors = next_waiter(queue, skey)
+    local head, score = next_waiter(queue, skey, floors)
     if not head then return false end
     local claim_end = tonumber(redis.call('ZSCORE', alive, head) or '-1e300')
     redis.call('ZREM', queue, head)

@@ -40,7 +40,7 @@ for i = 1, #KEYS / 4 do
   local name, cap, initial, k = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
     tonumber(ARGV[a + 3])
   a = a + 4
-  local st = redis.call('HMGET', skey, 'mode', 'probe', 'limit', 'paused_until')
+  local st = redis.call('HMGET', skey, 'mode', 'probe', 'limit', 'paused_until', 'ffloors')
   local full_only = (st[1] or 'closed') == 'closed' and not st[2]
     and tonumber(st[4] or '-1e300') <= now
   for _ = 1, k do
@@ -60,7 +60,8 @@ for i = 1, #KEYS / 4 do
     if in_use >= permits then  -- full: reclaim the leases expired by now, count again
       in_use = in_use - redis.call('ZREMRANGEBYSCORE', pkey, '-inf', now)
     end
-    while in_use < permits and hand_on(pkey, queue, alive, skey, now, channel, name, origin, wakes) do
+    while in_use < permits and hand_on(pkey, queue, alive, skey, st[5], now, channel, name, origin,
+      wakes) do
       in_use = in_use + 1
     end
   end

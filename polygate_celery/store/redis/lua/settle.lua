@@ -82,7 +82,7 @@ local cap, tpm = tonumber(ARGV[23]), tonumber(ARGV[27])
 local skey = KEYS[2]
 local a = redis.call('HMGET', skey, 'paused_until', 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince',
   'lseen', 'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease', 'error',
-  'lwend', 'lwleft')
+  'lwend', 'lwleft', 'ffloors')
 local set, forget = {}, nil  -- the state's fields to write, and to delete
 local function put(field, value) set[#set + 1] = field; set[#set + 1] = value end
 
@@ -232,7 +232,8 @@ end
 
 -- hand the freed permit to the live waiter served next (standing.lua), if the source
 -- can run a call now
-if redis.call('ZCARD', KEYS[6]) == 0 then return reply(1) end  -- nobody waits
+local head, score = next_waiter(KEYS[6], skey, a[17])
+if not head then return reply(1) end  -- nobody waits: nothing more to do
 if mode == 'open' or probe or paused_until > now then return reply(1) end  -- waiters poll
 local in_use = redis.call('ZCARD', KEYS[1])
 local permits = math.max(1, math.min(cap, math.floor(limit)))
@@ -241,18 +242,18 @@ if in_use >= permits then  -- full: reclaim the leases expired by now, count aga
 end
 if in_use >= permits then return reply(1) end
 local origin, name = ARGV[17], ARGV[18]
-while true do
-  local head, score, floors = next_waiter(KEYS[6], skey)
-  if not head then return reply(1) end
+while head do
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
   redis.call('ZREM', KEYS[6], head)
   redis.call('ZREM', KEYS[7], head)
   if claim_end > now then
-    served(skey, score, floors)
+    served(skey, score, a[17])
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return reply(call) end
     redis.call('PUBLISH', ARGV[19] .. waiter_origin, call .. ' ' .. name)
     return reply(1)
   end
+  head, score = next_waiter(KEYS[6], skey, a[17])
 end
+return reply(1)

@@ -8,29 +8,31 @@
 -- and grant counter fc<r>; per class and tenant t the last tag given, ff<r>:<t>; and
 -- the classes' floors, ffloors ("" or comma-separated min_share by rank).
 
--- The score of a waiter joining with `standing` (ARGV[9] of admit.lua) and `est`
--- tokens; its tenant's tag and the floors are kept.
-local function place(skey, standing, est)
-  local rank, weight, tenant, floors = 0, 1, '', ''
-  if standing ~= '' then
-    local r, w, t, f = string.match(standing, '^(%d+)|([^|]+)|([^|]*)|(.*)$')
-    rank, weight, tenant, floors = tonumber(r), tonumber(w), t, f
-  end
-  local ffield = 'ff' .. rank .. ':' .. tenant
-  local h = redis.call('HMGET', skey, 'fv' .. rank, ffield)
-  local virtual, finish = tonumber(h[1] or '0'), tonumber(h[2] or '-1')
+-- A caller's standing (admit.lua's ARGV[9]): rank, weight, tenant, floors.
+local function standing_of(standing)
+  if standing == '' then return 0, 1, '', '' end
+  local r, w, t, f = string.match(standing, '^(%d+)|([^|]+)|([^|]*)|(.*)$')
+  return tonumber(r), tonumber(w), t, f
+end
+
+-- A waiter's fair-queuing tag, from its class's virtual time `fv` and its tenant's last
+-- tag `ff` as the state hash holds them (false: none yet), and its cost.
+local function tag_of(fv, ff, est, weight)
+  local virtual = tonumber(fv or '0')
   local start = virtual
-  if h[2] and finish >= virtual then start = finish end
-  local tag = start + math.max(est, 1) / weight
-  redis.call('HSET', skey, ffield, fmt(tag), 'ffloors', floors)
+  if ff and tonumber(ff) >= virtual then start = tonumber(ff) end
+  return start + math.max(est, 1) / weight
+end
+
+-- Its place in the queue: lower is served first.
+local function score_of(rank, tag)
   return rank * RANK_SPAN + math.min(tag, RANK_SPAN - 1)
 end
 
--- The waiter served next of `queue` (member, score, and the floors on record), nil if
--- none: the head, unless a class with waiters is below its floor
--- (core.standing.next_class).
-local function next_waiter(queue, skey)
-  local floors = redis.call('HGET', skey, 'ffloors')
+-- The waiter served next of `queue` (member, score), nil if none: the head, unless a
+-- class with waiters is below its floor (core.standing.next_class); `floors` as the
+-- state hash holds them (its ffloors field, read by the caller).
+local function next_waiter(queue, skey, floors)
   if floors and floors ~= '' then
     local fl = {}
     for f in string.gmatch(floors, '[^,]+') do fl[#fl + 1] = tonumber(f) end
@@ -51,15 +53,15 @@ local function next_waiter(queue, skey)
         end
       end
     end
-    if best then return best[1], tonumber(best[2]), floors end
+    if best then return best[1], tonumber(best[2]) end
   end
   local h = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
   if not h[1] then return nil end
-  return h[1], tonumber(h[2]), floors
+  return h[1], tonumber(h[2])
 end
 
 -- A waiter of `score` was served: its class's virtual time moves to its tag, and,
--- with `floors` (as next_waiter read them), the grant counters count it.
+-- with `floors`, the grant counters count it.
 local function served(skey, score, floors)
   local rank = math.floor(score / RANK_SPAN)
   local fields = {'fv' .. rank, fmt(score - rank * RANK_SPAN)}
