@@ -164,8 +164,10 @@ def wakeups() -> str:
     """Refused admissions and cost per acquisition as the fleet grows, before and after."""
     text = (RESULTS / "fleet_wakeups.md").read_text(encoding="utf-8")
     before = table_rows(text, "### before")
-    after = table_rows(text, "### after")
-    fifo = table_rows(text, "### a FIFO list semaphore")
+    after = table_rows(text, "### after, with the fair queue")
+    fifo = table_rows(
+        text[text.index("### after, with the fair queue") :], "FIFO list semaphore, right after"
+    )
     most = list(after)[-1]  # the most processes
     b_row, a_row, f_row = before[most], after[most], fifo[most]
     return (
