@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from polygate_celery import AllSourcesExhausted, parse_config
+from polygate_celery import AllSourcesExhausted, Gateway, parse_config
 from polygate_celery.config import GatewayConfig
 from polygate_celery.testing import ScriptedSource, VirtualClock, steps
 from tests.conftest import GatewayFactory
@@ -29,13 +29,22 @@ def classes(**settings: Any) -> GatewayConfig:
     )
 
 
+async def held(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> tuple[ScriptedSource, Gateway, list[asyncio.Future[Any]]]:
+    """A gateway over "a" (one permit, each answer `ANSWER_S`), the permit held by a
+    first call: the calls made next wait."""
+    source = ScriptedSource.always(clock, steps.ok(duration_s=ANSWER_S))
+    gw = gateway(classes(), {"a": source})
+    calls: list[asyncio.Future[Any]] = [asyncio.ensure_future(gw.call("s", "holder"))]
+    await clock.sleep(0.5)
+    return source, gw, calls
+
+
 async def test_an_interactive_call_overtakes_a_waiting_batch_backlog(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
-    source = ScriptedSource.always(clock, steps.ok(duration_s=ANSWER_S))
-    gw = gateway(classes(), {"a": source})
-    calls = [asyncio.ensure_future(gw.call("s", "holder"))]
-    await clock.sleep(0.5)
+    source, gw, calls = await held(clock, gateway)
     for i in range(3):
         calls.append(asyncio.ensure_future(gw.call("s", f"batch{i}")))
         await clock.sleep(0.5)
@@ -49,10 +58,7 @@ async def test_an_interactive_call_overtakes_a_waiting_batch_backlog(
 async def test_backlogged_tenants_are_served_by_weight(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
-    source = ScriptedSource.always(clock, steps.ok(duration_s=ANSWER_S))
-    gw = gateway(classes(), {"a": source})
-    calls = [asyncio.ensure_future(gw.call("s", "holder"))]
-    await clock.sleep(0.5)
+    source, gw, calls = await held(clock, gateway)
     for i in range(6):
         for tenant in ("big", "small"):
             call = gw.call("s", f"{tenant}{i}", tenant=tenant, est_tokens=100)
