@@ -73,6 +73,17 @@ def rank_of(score_: float) -> int:
     return int(score_ // RANK_SPAN)
 
 
+def corrected(
+    finish: float, virtual: float, est_tokens: int, used_tokens: int, weight: float
+) -> float:
+    """A tenant's last tag once a call of its settles having used `used_tokens` where it
+    was placed for `est_tokens`: moved by the difference while the tenant is ahead of its
+    class's virtual time (behind it, its next call starts at that time anyway)."""
+    if finish <= virtual:
+        return finish
+    return finish + (max(used_tokens, 1) - max(est_tokens, 1)) / weight
+
+
 def served_counts(counts: Mapping[int, float], rank: int) -> dict[int, float]:
     """The grant counters after a grant to class `rank`."""
     decayed = {r: c * DECAY for r, c in counts.items()}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.engine import Send, Settle
 from polygate_celery.core.outcome import Outcome, OutcomeKind
+from polygate_celery.core.standing import PLAIN, Standing
 from polygate_celery.governance.first_token import another_could_serve
 from polygate_celery.governance.plan import ScopePlan
 from polygate_celery.sources.base import FirstTokenSource
@@ -60,6 +61,7 @@ async def settle(
     action: Settle,
     est_tokens: int,
     rank: int | None = None,
+    standing: Standing = PLAIN,
 ) -> bool:
     """Record the attempt (a success as progress of the call's class `rank` too, where
     classes are declared); whether its permit was still held (True when unknown: the
@@ -77,6 +79,7 @@ async def settle(
         limits=action.outcome.limits,
         error=action.error,
         rank=rank,
+        standing=standing,
     )
     if action.effect is Effect.AUTH_FAILURE:
         _alert_credentials(rt, plan, grant.source)

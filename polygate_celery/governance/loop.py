@@ -239,7 +239,7 @@ class GovernedCall:
         grant = self._grant
         assert grant is not None
         kept = await attempts.settle(
-            self.rt, self.plan, grant, action, self.est_tokens, self.progress_rank
+            self.rt, self.plan, grant, action, self.est_tokens, self.progress_rank, self.standing
         )
         self._check_lease(grant, action.outcome, kept)
         return engine.Settled()

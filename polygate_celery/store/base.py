@@ -141,6 +141,8 @@ class Settlement:
     (a held permit's transient or credentials failure) or a pause; a success while
     no pause runs forgets it (`Denial.errors`). `rank`, the call's priority class where
     classes are declared: a SUCCESS marks that class's progress too (SPEC §8).
+    `standing`, where the call stood among a source's waiters: its tenant's share is
+    counted in the tokens used, not the estimate (`core.standing.corrected`).
     """
 
     scope: str
@@ -155,6 +157,7 @@ class Settlement:
     limits: RateLimits | None = None
     error: str | None = None
     rank: int | None = None
+    standing: Standing = PLAIN
 
 
 class ReleaseWatch(Protocol):

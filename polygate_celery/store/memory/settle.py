@@ -14,9 +14,10 @@ from polygate_celery.clock import Clock
 from polygate_celery.core.aimd import aimd_on_congestion, aimd_on_success
 from polygate_celery.core.breaker import Effect, breaker_settle
 from polygate_celery.core.quota import gcra_settle
+from polygate_celery.core.standing import PLAIN, corrected
 from polygate_celery.store.base import GATE_KEPT_S, Settlement
 from polygate_celery.store.changes import BreakerChange, SettleChanges, log_changes
-from polygate_celery.store.memory.state import Ledger
+from polygate_celery.store.memory.state import Ledger, SourceState
 
 
 def settle(ledger: Ledger, settlement: Settlement, clock: Clock) -> bool:
@@ -84,6 +85,8 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
         ledger.gates.pop(settlement.scope, None)  # the scope is alive: open its gate
     if not held and settlement.effect is not Effect.SUCCESS:
         return False
+    if held and settlement.standing is not PLAIN:  # the tenant's share counts tokens used
+        _correct(state, settlement)
     state.breaker = breaker_settle(
         state.breaker, terms.breaker, now, settlement.permit_id, settlement.effect
     )
@@ -106,3 +109,15 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
     if runnable and state.in_use(now) < ledger.limit(state, terms):
         ledger.hand_on(terms.name, state, now)
     return True
+
+
+def _correct(state: SourceState, settlement: Settlement) -> None:
+    """The tenant's last tag, moved by the tokens used against the estimate (as settle.lua)."""
+    standing = settlement.standing
+    key = (standing.rank, standing.tenant)
+    finish = state.fair.finish.get(key)
+    if finish is not None:
+        virtual = state.fair.virtual.get(standing.rank, 0.0)
+        state.fair.finish[key] = corrected(
+            finish, virtual, settlement.est_tokens, settlement.used_tokens, standing.weight
+        )

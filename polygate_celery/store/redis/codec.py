@@ -141,7 +141,7 @@ def _pairs(items: Any) -> tuple[tuple[str, str], ...]:
 
 
 def encode_settle(settlement: Settlement, now: bytes) -> tuple[bytes, ...]:
-    """settle.lua's per-call arguments, ARGV[1..16]."""
+    """settle.lua's per-call arguments, ARGV[1..17]."""
     pause = settlement.pause_s
     return (
         now,
@@ -155,7 +155,17 @@ def encode_settle(settlement: Settlement, now: bytes) -> tuple[bytes, ...]:
         *_announced(settlement.limits),
         (settlement.error or "").encode(),
         b"" if settlement.rank is None else str(settlement.rank).encode(),
+        _correction(settlement),
     )
+
+
+def _correction(settlement: Settlement) -> bytes:
+    """settle.lua's ARGV[17]: the tenant whose tag the tokens used move, if they differ
+    from the estimate (see its header)."""
+    standing = settlement.standing
+    if standing is PLAIN or max(settlement.used_tokens, 1) == max(settlement.est_tokens, 1):
+        return b""
+    return f"{standing.rank}|{standing.tenant}|{fmt(standing.weight)}".encode()
 
 
 def decode_settle(reply: Any, settlement: Settlement) -> Any:

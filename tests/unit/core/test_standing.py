@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from polygate_celery.core.standing import (
     DECAY,
     RANK_SPAN,
+    corrected,
     next_class,
     rank_of,
     score,
@@ -71,3 +72,12 @@ def test_a_floor_holds_over_many_grants() -> None:
         counts = served_counts(counts, rank)
         served.append(rank)
     assert abs(sum(served[200:]) / 800 - 0.1) < 0.01
+
+
+def test_a_backlogged_tenants_tag_moves_by_the_tokens_used_over_its_weight() -> None:
+    assert corrected(500.0, 100.0, 100, 1000, 2.0) == 950.0
+    assert corrected(500.0, 100.0, 1000, 100, 2.0) == 50.0  # refunded
+
+
+def test_a_tenant_behind_the_virtual_time_is_not_moved() -> None:
+    assert corrected(80.0, 100.0, 100, 1000, 1.0) == 80.0

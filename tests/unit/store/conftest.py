@@ -87,6 +87,7 @@ class Harness:
         used_tokens: int = 0,
         limits: RateLimits | None = None,
         rank: int | None = None,
+        standing: Standing = PLAIN,
     ) -> bool:
         assert grant.source == source.name
         settlement = Settlement(
@@ -101,6 +102,7 @@ class Harness:
             used_tokens=used_tokens,
             limits=limits,
             rank=rank,
+            standing=standing,
         )
         return await self.store.settle(settlement)
 

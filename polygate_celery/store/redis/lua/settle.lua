@@ -41,13 +41,17 @@
 --          auth_failure; a success while no pause runs deletes it (admit.lua names it)
 -- ARGV[16] the class whose progress a success marks beside the scope's (its rank), ""
 --          when no classes are declared (SPEC §8: a class's stall reads its own)
--- ARGV[17] the settling process's origin     ARGV[18] the source's name
--- ARGV[19] the wake-up channel of origin X is this text followed by X
--- ARGV[20..28]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
+-- ARGV[17] "" or, for a waiter's tenant whose tokens differ from its estimate,
+--          "<rank>|<tenant>|<weight>": its tenant's last fair-queuing tag moves by
+--          (used - estimated) / weight while the tenant is ahead of its class's virtual
+--          time (standing.lua: shares are counted in the tokens used)
+-- ARGV[18] the settling process's origin     ARGV[19] the source's name
+-- ARGV[20] the wake-up channel of origin X is this text followed by X
+-- ARGV[21..29]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
 --          AIMD increase, AIMD decrease factor, AIMD initial (0: the cap); tpm (0: none);
 --          progress TTL seconds
--- ARGV[29..31]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S;
---          ARGV[32..33] core.standing's RANK_SPAN and DECAY (packed once with the terms,
+-- ARGV[30..32]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S;
+--          ARGV[33..34] core.standing's RANK_SPAN and DECAY (packed once with the terms,
 --          scripts.py)
 -- Returns  0 if the permit was not held; else it is released and, when the source can
 --          run another call, handed to the live waiter served next (standing.lua)
@@ -65,9 +69,9 @@
 -- include: clock
 -- include: gcra
 
-local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[29]), tonumber(ARGV[30]),
-  tonumber(ARGV[31])
-local RANK_SPAN, DECAY = tonumber(ARGV[32]), tonumber(ARGV[33])
+local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[30]), tonumber(ARGV[31]),
+  tonumber(ARGV[32])
+local RANK_SPAN, DECAY = tonumber(ARGV[33]), tonumber(ARGV[34])
 
 -- include: standing
 
@@ -77,7 +81,7 @@ local now = store_now(ARGV[1])
 local effect, congested = ARGV[3], ARGV[4] == '1'
 local est, used = tonumber(ARGV[6]), tonumber(ARGV[7])
 local admitted_at = tonumber(ARGV[8])
-local cap, tpm = tonumber(ARGV[23]), tonumber(ARGV[27])
+local cap, tpm = tonumber(ARGV[24]), tonumber(ARGV[28])
 
 local skey = KEYS[2]
 local a = redis.call('HMGET', skey, 'paused_until', 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince',
@@ -140,10 +144,10 @@ end
 if forget ~= nil then redis.call('HDEL', skey, unpack(forget)) end  -- before any HSET
 local gate_opened = '0'
 if effect == 'success' then
-  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[28])))
+  redis.call('SET', KEYS[4], now, 'EX', math.ceil(tonumber(ARGV[29])))
   if ARGV[16] ~= '' then
     redis.call('HSET', KEYS[8], ARGV[16], fmt(now))
-    redis.call('EXPIRE', KEYS[8], math.ceil(tonumber(ARGV[28])))
+    redis.call('EXPIRE', KEYS[8], math.ceil(tonumber(ARGV[29])))
   end
   local closed_until = redis.call('HGET', KEYS[5], 'until')
   if closed_until then  -- a stall on record while within GATE_KEPT_S: it ends
@@ -162,8 +166,8 @@ if not held and effect ~= 'success' then
   return reply(0)
 end
 
-local threshold, cooldown = tonumber(ARGV[20]), tonumber(ARGV[21])
-local initial = tonumber(ARGV[26])
+local threshold, cooldown = tonumber(ARGV[21]), tonumber(ARGV[22])
+local initial = tonumber(ARGV[27])
 if initial <= 0 then initial = cap end
 initial = math.max(1, math.min(cap, initial))  -- as core.aimd.aimd_initial
 local mode, failures = a[8] or 'closed', tonumber(a[9] or '0')
@@ -175,7 +179,7 @@ local is_probe = probe == permit
 if effect == 'success' then
   mode, failures, open_until, probe = 'closed', 0, 0, false
 elseif effect == 'auth_failure' then
-  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[22])), false
+  mode, open_until, probe = 'open', math.max(open_until, now + tonumber(ARGV[23])), false
 elseif effect == 'failure' then
   if is_probe then
     mode, open_until, probe = 'open', now + cooldown, false
@@ -203,9 +207,9 @@ end
 
 -- AIMD (mirrors polygate_celery.core.aimd): one decrease per congestion episode
 if effect == 'success' then
-  limit = math.min(cap, limit + tonumber(ARGV[24]))
+  limit = math.min(cap, limit + tonumber(ARGV[25]))
 elseif congested and admitted_at > last_decrease then
-  limit, last_decrease = math.max(1, limit * tonumber(ARGV[25])), now
+  limit, last_decrease = math.max(1, limit * tonumber(ARGV[26])), now
 end
 
 -- written where the stored value differs (a field not stored yet is written)
@@ -221,6 +225,16 @@ elseif a[11] then
 end
 if #set > 0 then redis.call('HSET', skey, unpack(set)) end
 if not held then return reply(0) end  -- a success's facts are kept; no permit is freed
+
+if ARGV[17] ~= '' then  -- the tenant's share counts the tokens used (standing.lua)
+  local r, t, w = string.match(ARGV[17], '^(%d+)|([^|]*)|(.+)$')
+  local finish = 'ff' .. r .. ':' .. t
+  local f = redis.call('HMGET', skey, 'fv' .. r, finish)
+  if f[2] and tonumber(f[2]) > tonumber(f[1] or '0') then
+    local delta = math.max(used, 1) - math.max(est, 1)
+    redis.call('HSET', skey, finish, fmt(tonumber(f[2]) + delta / tonumber(w)))
+  end
+end
 
 if tpm > 0 and est > 0 then
   local delta = charge_s(used, tpm) - charge_s(est, tpm)
@@ -241,7 +255,7 @@ if in_use >= permits then  -- full: reclaim the leases expired by now, count aga
   in_use = in_use - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 end
 if in_use >= permits then return reply(1) end
-local origin, name = ARGV[17], ARGV[18]
+local origin, name = ARGV[18], ARGV[19]
 while head do
   local claim_end = tonumber(redis.call('ZSCORE', KEYS[7], head) or '-1e300')
   redis.call('ZREM', KEYS[6], head)
@@ -251,7 +265,7 @@ while head do
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return reply(call) end
-    redis.call('PUBLISH', ARGV[19] .. waiter_origin, call .. ' ' .. name)
+    redis.call('PUBLISH', ARGV[20] .. waiter_origin, call .. ' ' .. name)
     return reply(1)
   end
   head, score = next_waiter(KEYS[6], skey, a[17])
