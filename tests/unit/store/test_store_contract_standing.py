@@ -190,9 +190,10 @@ async def test_a_snapshot_counts_the_waiters_and_recent_grants_of_each_class(
     assert snapshot.recent_grants == pytest.approx((1.0, 0.98))
 
 
-async def test_a_tenants_share_counts_the_tokens_its_calls_used(h: Harness) -> None:
-    """Two tenants of equal weight, calls estimated at 100 tokens. A call of "a" that used
-    1,000 moves a's place back by 900 tokens: its next call comes after b's."""
+async def after_a0_used(h: Harness, used_tokens: int) -> list[str]:
+    """Tenants "a" and "b" of equal weight queue three calls each, estimated at 100 tokens;
+    a0 is served first and settles having used `used_tokens`; then each tenant queues one
+    more call. The order the six calls left are served in."""
     held = await h.grant(ONE)
     waiting = []
     for i in range(3):
@@ -201,31 +202,22 @@ async def test_a_tenants_share_counts_the_tokens_its_calls_used(h: Harness) -> N
             waiting.append(f"{tenant}{i}")
     name, granted = await serve(h, held, waiting)
     assert name == "a0"
-    # a0's answer used ten times its estimate
-    await h.settle(granted, ONE, est_tokens=100, used_tokens=1000, standing=Standing(tenant="a"))
+    a = Standing(tenant="a")
+    await h.settle(granted, ONE, est_tokens=100, used_tokens=used_tokens, standing=a)
     await h.turns()
-    await queue(h, "a3", Standing(tenant="a"), est_tokens=100)
+    await queue(h, "a3", a, est_tokens=100)
     await queue(h, "b3", Standing(tenant="b"), est_tokens=100)
     waiting += ["a3", "b3"]
     waiting.remove("b0")  # settling a0 handed its permit on: b0 holds it now
     order, _ = await serve_all(h, await h.grant(ONE, waiter="b0", claim_s=CLAIM_S), waiting, 6)
-    assert order == ["a1", "b1", "a2", "b2", "b3", "a3"]
+    return order
+
+
+async def test_a_tenants_share_counts_the_tokens_its_calls_used(h: Harness) -> None:
+    """A call of "a" that used 1,000 tokens for an estimate of 100 moves a's place back by
+    900: its next call comes after b's."""
+    assert await after_a0_used(h, 1000) == ["a1", "b1", "a2", "b2", "b3", "a3"]
 
 
 async def test_a_tenant_used_as_estimated_keeps_its_place(h: Harness) -> None:
-    held = await h.grant(ONE)
-    waiting = []
-    for i in range(2):
-        for tenant in ("a", "b"):
-            await queue(h, f"{tenant}{i}", Standing(tenant=tenant), est_tokens=100)
-            waiting.append(f"{tenant}{i}")
-    name, granted = await serve(h, held, waiting)
-    assert name == "a0"
-    await h.settle(granted, ONE, est_tokens=100, used_tokens=100, standing=Standing(tenant="a"))
-    await h.turns()
-    await queue(h, "a2", Standing(tenant="a"), est_tokens=100)
-    await queue(h, "b2", Standing(tenant="b"), est_tokens=100)
-    waiting += ["a2", "b2"]
-    waiting.remove("b0")
-    order, _ = await serve_all(h, await h.grant(ONE, waiter="b0", claim_s=CLAIM_S), waiting, 4)
-    assert order == ["a1", "b1", "a2", "b2"]
+    assert await after_a0_used(h, 100) == ["a1", "b1", "a2", "b2", "a3", "b3"]
