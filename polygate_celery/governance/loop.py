@@ -137,9 +137,7 @@ class GovernedCall:
         self.progress_rank = standing.rank if rt.classes else None
         self.priority = priority
         self.call_id = next(_permit_ids)
-        rules = engine.replace(
-            plan, est_tokens=est_tokens, fail_fast=fail_fast, scope_gate=rt.scope_gate
-        )
+        rules = plan.for_call(est_tokens, fail_fast, rt.scope_gate)
         self.state = engine.start(rules, rt.clock.now())
         # What carrying the actions out holds: the round's release watch and places in
         # the candidates' queues, the candidates asked, the grant and its lease.

@@ -9,7 +9,7 @@ from typing import Literal
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import SourceConfig
 from polygate_celery.config.urls import origin_of
-from polygate_celery.core.engine import CallRules, OutageCharge
+from polygate_celery.core.engine import CallRules, OutageCharge, replace
 from polygate_celery.core.policy import KindPolicy, policy_for
 from polygate_celery.core.terms import AimdTerms, BreakerTerms, QuotaTerms, SourceTerms
 
@@ -41,6 +41,8 @@ def source_terms(config: GatewayConfig, name: str) -> SourceTerms:
         quota=quota,
     )
 
+
+_KEPT_RULES = 256  # a plan's rules kept per distinct call options
 
 # Who makes a gateway's calls: a "direct" caller awaits `Gateway.call` and cannot park;
 # a governed Celery "task" defers (parks) when its call ends `stalled`, so waiting is cheap.
@@ -79,8 +81,26 @@ class ScopePlan(CallRules):
     # the terms of `sources`, in their order: the candidates of a call's first ask
     candidates: tuple[SourceTerms, ...] = field(init=False, repr=False, compare=False)
 
+    # the rules of calls by their options, made once each (`for_call`)
+    _for_calls: dict[tuple[int, bool, bool], CallRules] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "candidates", tuple(self.terms[s] for s in self.sources))
+
+    def for_call(self, est_tokens: int, fail_fast: bool, scope_gate: bool) -> CallRules:
+        """The engine's rules for a call with these options: this plan with them set.
+        Kept per distinct options (at most `_KEPT_RULES`): copying a plan this wide costs
+        more than a look-up, and most calls of a scope share their options."""
+        key = (est_tokens, fail_fast, scope_gate)
+        rules = self._for_calls.get(key)
+        if rules is None:
+            if len(self._for_calls) >= _KEPT_RULES:
+                self._for_calls.clear()
+            rules = replace(self, est_tokens=est_tokens, fail_fast=fail_fast, scope_gate=scope_gate)
+            self._for_calls[key] = rules
+        return rules
 
     @classmethod
     def build(cls, config: GatewayConfig, name: str, caller: CallerKind = "direct") -> ScopePlan:

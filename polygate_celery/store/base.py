@@ -21,6 +21,7 @@ from typing import Protocol, Self, runtime_checkable
 
 from polygate_celery.core.breaker import BreakerMode, Effect
 from polygate_celery.core.engine import Refused
+from polygate_celery.core.engine.message import message
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.selection import BlockReason as BlockReason  # noqa: PLC0414 (the store names it)
 from polygate_celery.core.standing import PLAIN, Standing
@@ -119,7 +120,7 @@ class Grant:
     probe: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Denial(Refused):
     """No candidate was runnable: the engine's `Refused`, as a store hands it back
     (its fields are described there)."""

@@ -1,16 +1,17 @@
 """Decision core: what the engine asks a driver to do (actions) and what it hears back (events).
 
-Actions are plain frozen records; a driver carries each out against the store,
-the source and the clock, and answers with the event named in its docstring.
+Actions are plain records, frozen to the type checker (`message`); a driver
+carries each out against the store, the source and the clock, and answers with
+the event named in its docstring.
 The verdicts (`Return`, `GiveUp`, `Fail`) end the call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.engine.message import message
 from polygate_celery.core.outcome import AttemptRecord, Outcome
 from polygate_celery.core.selection import BlockReason
 
@@ -19,7 +20,7 @@ WaitCause = Literal["no_runnable", "backoff"]
 # -- actions -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class AskProgress:
     """Ask the store for the scope's progress age (its clock); answer `ProgressAge`.
     `own_class`: the progress of the call's own priority class, where classes are
@@ -29,14 +30,14 @@ class AskProgress:
     own_class: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class AskBreaker:
     """Ask the store for `source`'s breaker state; answer `BreakerState`."""
 
     source: str
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Admit:
     """Ask for a permit at the first runnable source of `order` (best first), watching
     for releases from before the ask; answer `Granted` or `Refused`."""
@@ -48,7 +49,7 @@ class Admit:
     book_within_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Send:
     """Send the payload to `source` under its permit (asked for at `asked_at`), cut to
     `timeout_s`; a slow first token may be cut only if a source outside `excluded`
@@ -60,7 +61,7 @@ class Send:
     excluded: frozenset[str]
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Settle:
     """Record the attempt's end at the store and give its permit back; answer `Settled`.
     A success whose recording fails is kept (rule 14)."""
@@ -73,7 +74,7 @@ class Settle:
     error: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Record:
     """A line of the call's trail, for telemetry; answer `Done`."""
 
@@ -81,7 +82,7 @@ class Record:
     outcome: Outcome
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Wait:
     """Sleep `seconds` (times the jitter of one uniform draw when `jittered`), cut to
     `cap_s`; no sleep at all when that leaves nothing. A `no_runnable` wait also ends
@@ -95,7 +96,7 @@ class Wait:
     queue: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Return:
     """Verdict: the call succeeded at `source`."""
 
@@ -103,7 +104,7 @@ class Return:
     outcome: Outcome
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class GiveUp:
     """Verdict: `AllSourcesExhausted(reason)`, with the scope's reopening estimate."""
 
@@ -112,7 +113,7 @@ class GiveUp:
     rate_limited: bool
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Fail:
     """Verdict: `SourceFatalError` at `source` (never retried)."""
 
@@ -126,34 +127,34 @@ Action = AskProgress | AskBreaker | Admit | Send | Settle | Record | Wait | Retu
 # -- events --------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Begin:
     """The call starts."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Done:
     """The action was carried out and says nothing back."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ProgressAge:
     """Seconds since the scope's last success on the store's clock (inf: never)."""
 
     age_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class BreakerState:
     state: str
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Granted:
     source: str
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Refused:
     """No candidate was runnable (a store hands it back as its `Denial`).
 
@@ -181,17 +182,17 @@ class Refused:
     errors: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Sent:
     outcome: Outcome
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Settled:
     """The store recorded the attempt (or failed to record a success, which was kept)."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Waited:
     """The wait ended: `woken` before its delay by a release, `lost` its places."""
 

@@ -65,14 +65,14 @@ def fmt(x: float) -> str:
     return repr(float(x))
 
 
-def encode_admit(request: AdmitRequest, now: bytes) -> tuple[bytes, ...]:
-    """admit.lua's per-call arguments, ARGV[1..9]."""
+def encode_admit(request: AdmitRequest, wait: WaitMode, now: bytes) -> tuple[bytes, ...]:
+    """admit.lua's per-call arguments, ARGV[1..9] (`wait`: the request's, read once)."""
     return (
         now,
         request.permit_id.encode(),
         str(request.est_tokens).encode(),
         request.call_id.encode(),
-        WAIT_ARG[request.wait],
+        WAIT_ARG[wait],
         fmt(request.probe_lease_s).encode() if request.gate else b"",
         fmt(request.claim_s).encode(),
         fmt(request.book_within_s).encode() if request.book_within_s > 0 else b"",
@@ -92,6 +92,8 @@ def standing_arg(standing: Standing) -> bytes:
 def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResult:
     """admit.lua's reply, read once (see its header)."""
     with reading("admit", reply):
+        if reply[0] == 1 and len(reply) == 3:  # most grants: nothing handed on
+            return AdmitResult(Grant(str(reply[1]), request.permit_id, float(reply[2]), lease_s))
         kind = _KINDS[int(reply[0])]
         if kind is _Admitted.GRANTED or kind is _Admitted.PROBE:
             probe = kind is _Admitted.PROBE

@@ -149,11 +149,11 @@ class RedisStore:
     # -- the protocol --------------------------------------------------------------
 
     async def admit(self, request: AdmitRequest) -> Grant | Denial:
-        args = encode_admit(request, self._now_arg())
+        wait = request.wait
+        args = encode_admit(request, wait, self._now_arg())
         reply = await self._scripts.send("admit", self._commands.admit(request), args)
         answer = carry_out(decode_admit(reply, request, self.lease_s), self._releases)
-        waits = request.wait is not WaitMode.NONE
-        if waits and isinstance(answer, Denial) and answer.gated_for_s is None:
+        if wait is not WaitMode.NONE and isinstance(answer, Denial) and answer.gated_for_s is None:
             self._wakeups.listen()  # someone here is about to wait
             if any(reason == "at_capacity" for _, reason in answer.blocked):
                 self._releases.note_queued(request.call_id)

@@ -118,8 +118,7 @@ local claim_s = tonumber(ARGV[7])
 local book_within = tonumber(ARGV[8]) or 0
 local function waiter() return ARGV[11] .. ' ' .. call .. ' ' .. ARGV[7] end
 -- where a waiter of this caller's standing takes its place (standing.lua)
-local s_rank, s_weight, s_tenant, s_floors = standing_of(ARGV[9])
-local s_virtual, s_finish = 'fv' .. s_rank, 'ff' .. s_rank .. ':' .. s_tenant
+local s_rank, s_weight, _, s_floors, s_virtual, s_finish = standing_of(ARGV[9])
 
 -- A repeated admit returns its first grant. With one candidate and no queue to look
 -- in, the permit's presence is checked where it matters instead: when adding it, and
@@ -200,8 +199,11 @@ for i = 1, n do
   end
   if in_use >= permits then reasons[#reasons + 1] = 'at_capacity' end
   local slot = slot_of[i]
-  local c = {rpm = rpm, tpm = tpm, window = window, qkey = qkey, lkey = lkey, skey = skey}
-  local q = quota_says(c, st, now, est, slot, learned, in_windows)
+  local q = NO_QUOTA  -- (most sources: no quota declared or learned, no slot booked)
+  if rpm > 0 or tpm > 0 or learned or slot then
+    local c = {rpm = rpm, tpm = tpm, window = window, qkey = qkey, lkey = lkey, skey = skey}
+    q = quota_says(c, st, now, est, slot, learned, in_windows)
+  end
   local waits_s, dims = q.waits, q.dims
   rpm, tpm, window = q.rpm, q.tpm, q.window
   local lrpm, ltpm, lreq, ltok, wend, wleft = q.lrpm, q.ltpm, q.lreq, q.ltok, q.wend, q.wleft

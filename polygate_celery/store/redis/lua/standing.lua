@@ -8,11 +8,12 @@
 -- and grant counter fc<r>; per class and tenant t the last tag given, ff<r>:<t>; and
 -- the classes' floors, ffloors ("" or comma-separated min_share by rank).
 
--- A caller's standing (admit.lua's ARGV[9]): rank, weight, tenant, floors.
+-- A caller's standing (admit.lua's ARGV[9]): rank, weight, tenant, floors, then the
+-- state hash's fields of its class's virtual time and its tenant's last tag.
 local function standing_of(standing)
-  if standing == '' then return 0, 1, '', '' end
+  if standing == '' then return 0, 1, '', '', 'fv0', 'ff0:' end  -- (most calls: no text made)
   local r, w, t, f = string.match(standing, '^(%d+)|([^|]+)|([^|]*)|(.*)$')
-  return tonumber(r), tonumber(w), t, f
+  return tonumber(r), tonumber(w), t, f, 'fv' .. r, 'ff' .. r .. ':' .. t
 end
 
 -- A waiter's fair-queuing tag, from its class's virtual time `fv` and its tenant's last
