@@ -26,15 +26,15 @@ from polygate_celery.celery.parking import lot_name
 from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.governance.loop import CallResult
-from polygate_celery.sources.payloads import ChatResult, EmbeddingResult, OcrResult
+from polygate_celery.sources import payloads
 from polygate_celery.store.redis import translated
 
 logger = logging.getLogger("polygate_celery")
 WAKE_INTERVAL_S = 1.0  # the most often one process wakes one scope's parked tasks
 _RESULT_TYPES: dict[str, type[Any]] = {
-    "chat": ChatResult,
-    "embedding": EmbeddingResult,
-    "ocr": OcrResult,
+    "chat": payloads.ChatResult,
+    "embedding": payloads.EmbeddingResult,
+    "ocr": payloads.OcrResult,
 }
 
 
@@ -192,20 +192,8 @@ class AsyncGovernedCalls(_Calls):
             ValueError: No scope was given here or to `@governed`.
             ConfigError: As in `Gateway.call`: an undeclared class, a malformed tenant.
         """
-        gateway, chosen = self.runtime.gateway, self._scope(scope)
-        priority, tenant = self._standing(priority, tenant)
-        return await self._governed(
-            lambda: gateway.chat(
-                chosen,
-                messages,
-                stream=stream,
-                fail_fast=fail_fast,
-                priority=priority,
-                tenant=tenant,
-                **params,
-            ),
-            chosen,
-        )
+        request = payloads.ChatRequest(list(messages), params, stream)
+        return await self._send(scope, request, None, fail_fast, priority, tenant)
 
     async def embed(
         self,
@@ -218,14 +206,8 @@ class AsyncGovernedCalls(_Calls):
     ) -> CallResult:
         """Embeddings of `inputs` (`Gateway.embed`); `scope`, `priority` and `tenant` as in
         `chat`."""
-        gateway, chosen = self.runtime.gateway, self._scope(scope)
-        priority, tenant = self._standing(priority, tenant)
-        return await self._governed(
-            lambda: gateway.embed(
-                chosen, inputs, fail_fast=fail_fast, priority=priority, tenant=tenant
-            ),
-            chosen,
-        )
+        request = payloads.EmbeddingRequest.of(inputs)
+        return await self._send(scope, request, None, fail_fast, priority, tenant)
 
     async def ocr(
         self,
@@ -240,37 +222,43 @@ class AsyncGovernedCalls(_Calls):
     ) -> CallResult:
         """The text in `image` (`Gateway.ocr`); `scope`, `priority` and `tenant` as in
         `chat`."""
-        gateway, chosen = self.runtime.gateway, self._scope(scope)
-        priority, tenant = self._standing(priority, tenant)
-        return await self._governed(
-            lambda: gateway.ocr(
-                chosen,
-                image,
-                mime=mime,
-                prompt=prompt,
-                fail_fast=fail_fast,
-                priority=priority,
-                tenant=tenant,
-            ),
-            chosen,
-        )
+        request = payloads.OcrRequest(image, mime, prompt)
+        return await self._send(scope, request, None, fail_fast, priority, tenant)
 
     async def call(
         self,
         payload: Any,
         *,
         scope: str | None = None,
-        est_tokens: int = 0,
+        est_tokens: int | None = None,
         priority: str | None = None,
         tenant: str | None = None,
     ) -> CallResult:
-        """A call of a custom `payload` (`Gateway.call`); `scope`, `priority` and `tenant`
-        as in `chat`."""
+        """A call of a custom `payload` (`Gateway.call`, `est_tokens` as there); `scope`,
+        `priority` and `tenant` as in `chat`."""
+        return await self._send(scope, payload, est_tokens, False, priority, tenant)
+
+    async def _send(
+        self,
+        scope: str | None,
+        payload: Any,
+        est_tokens: int | None,
+        fail_fast: bool,
+        priority: str | None,
+        tenant: str | None,
+    ) -> CallResult:
+        """`Gateway.call` of `payload` in the call's scope, class and tenant (its own, else
+        the run's), its result kept for a rerun (`_governed`)."""
         gateway, chosen = self.runtime.gateway, self._scope(scope)
         priority, tenant = self._standing(priority, tenant)
         return await self._governed(
             lambda: gateway.call(
-                chosen, payload, est_tokens=est_tokens, priority=priority, tenant=tenant
+                chosen,
+                payload,
+                est_tokens=est_tokens,
+                fail_fast=fail_fast,
+                priority=priority,
+                tenant=tenant,
             ),
             chosen,
         )

@@ -33,7 +33,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from celery import Task, signals
 from celery._state import get_current_task
@@ -209,7 +209,8 @@ def _run(
         verdict = guard.begin()
     except GovernanceBackendError as exc:
         # The store cannot tell copies apart now; the broker can still hold the task.
-        _defer(task, exc, runtime, guard, strategy="countdown")
+        with _deferring(guard):
+            defer(task, exc, runtime, guard, strategy="countdown")
     if verdict == "poison":
         raise PoisonMessage(str(task.request.id), runtime.config.deferral.redelivery_cap)
     if verdict == "done":
@@ -222,9 +223,11 @@ def _run(
         if exc.reason == "retry_exhausted":
             finish_after_return(task, guard)
             raise
-        _defer(task, exc, runtime, guard)
+        with _deferring(guard):
+            defer(task, exc, runtime, guard)
     except GovernanceBackendError as exc:
-        _defer(task, exc, runtime, guard)
+        with _deferring(guard):
+            defer(task, exc, runtime, guard)
     except Reject as exc:
         if getattr(exc, "requeue", False):  # back to the broker: the run goes on
             quietly(guard.hand_back if getattr(exc, HANDED_BACK, False) else guard.release)
@@ -352,20 +355,19 @@ EAGER_NOTE = (
 )
 
 
-def _defer(
-    task: Task[Any, Any],
-    verdict: Any,
-    runtime: Any,
-    guard: ExecutionGuard,
-    strategy: str | None = None,
-) -> NoReturn:
+@contextlib.contextmanager
+def _deferring(guard: ExecutionGuard) -> Iterator[None]:
+    """Around a deferral (`defer`, which never returns): one that ends the run (Ignore) or
+    hands its message back (Reject) passes; one that fails ends the run for good (the
+    deferral budget is spent: FAILURE, final), one interrupted releases it (nothing was
+    handed on)."""
     try:
-        defer(task, verdict, runtime, guard, strategy=strategy)
+        yield
     except (Ignore, Reject):
-        raise  # deferred (the run was ended), or handed back to the broker (released)
+        raise
     except Exception:
-        quietly(guard.finish)  # the deferral budget is spent: FAILURE, final
+        quietly(guard.finish)
         raise
     except BaseException:
-        quietly(guard.release)  # terminated mid-deferral: nothing was handed on
+        quietly(guard.release)
         raise

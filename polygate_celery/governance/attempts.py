@@ -100,13 +100,9 @@ async def settle(
 
 async def release(rt: Runtime, plan: ScopePlan, grant: Grant, est_tokens: int) -> None:
     """Give the permit back after an attempt that did not finish (e.g. cancelled)."""
+    terms, permit, admitted_at = plan.terms[grant.source], grant.permit_id, grant.admitted_at
     settlement = Settlement(
-        scope=plan.name,
-        source=plan.terms[grant.source],
-        permit_id=grant.permit_id,
-        admitted_at=grant.admitted_at,
-        effect=Effect.NEUTRAL,
-        est_tokens=est_tokens,
+        plan.name, terms, permit, admitted_at, Effect.NEUTRAL, est_tokens=est_tokens
     )
     released = asyncio.ensure_future(rt.store.settle(settlement))
     try:

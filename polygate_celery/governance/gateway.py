@@ -126,7 +126,7 @@ class Gateway:
         scope: str,
         payload: Any,
         *,
-        est_tokens: int = 0,
+        est_tokens: int | None = None,
         fail_fast: bool = False,
         priority: str | None = None,
         tenant: str | None = None,
@@ -139,7 +139,8 @@ class Gateway:
                 build it for the HTTP adapters).
             est_tokens: Tokens reserved against TPM quotas until the answer
                 reports what it used (and, while the call waits, its cost to its
-                tenant in fair queuing).
+                tenant in fair queuing). Default: estimated from a `ChatRequest`,
+                `EmbeddingRequest` or `OcrRequest` (`estimate_tokens`), else 0.
             fail_fast: Raise at once when nothing is runnable, instead of waiting.
             priority: The call's class in ``[priorities]``. Default: the class
                 marked ``default``, else the last declared.
@@ -158,6 +159,8 @@ class Gateway:
                 `priority`, or `tenant` is not a tenant.
         """
         plan = self.plan(scope)
+        if est_tokens is None:
+            est_tokens = estimate_tokens(payload)
         if priority is None and tenant is None:
             standing = self._unnamed
         else:
@@ -179,7 +182,8 @@ class Gateway:
         tenant: str | None = None,
         **params: Any,
     ) -> CallResult:
-        """A chat completion, governed as `call` is.
+        """A chat completion, governed as `call` is (raising what it raises); the result's
+        `value` is a `ChatResult` (`text`, `finish_reason`).
 
         Args:
             scope: A scope of kind ``chat``.
@@ -190,24 +194,10 @@ class Gateway:
             priority: As in `call`.
             tenant: As in `call`.
             **params: Sent to the provider as they are (temperature, max_tokens, ...).
-
-        Returns:
-            A `CallResult` whose `value` is a `ChatResult` (`text`, `finish_reason`).
-
-        Raises:
-            AllSourcesExhausted: As in `call`.
-            SourceFatalError: As in `call`.
-            GovernanceBackendError: As in `call`.
-            ConfigError: As in `call`.
         """
         request = ChatRequest(list(messages), params, stream)
         return await self.call(
-            scope,
-            request,
-            est_tokens=estimate_tokens(request),
-            fail_fast=fail_fast,
-            priority=priority,
-            tenant=tenant,
+            scope, request, fail_fast=fail_fast, priority=priority, tenant=tenant
         )
 
     async def embed(
@@ -219,7 +209,8 @@ class Gateway:
         priority: str | None = None,
         tenant: str | None = None,
     ) -> CallResult:
-        """Embeddings of `inputs`, in one batched request, governed as `call` is.
+        """Embeddings of `inputs`, in one batched request, governed as `call` is (raising
+        what it raises); the result's `value` is an `EmbeddingResult` (`vectors`, in order).
 
         Args:
             scope: A scope of kind ``embedding``.
@@ -227,24 +218,10 @@ class Gateway:
             fail_fast: As in `call`.
             priority: As in `call`.
             tenant: As in `call`.
-
-        Returns:
-            A `CallResult` whose `value` is an `EmbeddingResult` (`vectors`, in order).
-
-        Raises:
-            AllSourcesExhausted: As in `call`.
-            SourceFatalError: As in `call`.
-            GovernanceBackendError: As in `call`.
-            ConfigError: As in `call`.
         """
-        request = EmbeddingRequest([inputs] if isinstance(inputs, str) else list(inputs))
+        request = EmbeddingRequest.of(inputs)
         return await self.call(
-            scope,
-            request,
-            est_tokens=estimate_tokens(request),
-            fail_fast=fail_fast,
-            priority=priority,
-            tenant=tenant,
+            scope, request, fail_fast=fail_fast, priority=priority, tenant=tenant
         )
 
     async def ocr(
@@ -258,7 +235,8 @@ class Gateway:
         priority: str | None = None,
         tenant: str | None = None,
     ) -> CallResult:
-        """The text in `image`, governed as `call` is.
+        """The text in `image`, governed as `call` is (raising what it raises); the result's
+        `value` is an `OcrResult` (`text`).
 
         Args:
             scope: A scope of kind ``ocr``.
@@ -269,24 +247,10 @@ class Gateway:
             fail_fast: As in `call`.
             priority: As in `call`.
             tenant: As in `call`.
-
-        Returns:
-            A `CallResult` whose `value` is an `OcrResult` (`text`).
-
-        Raises:
-            AllSourcesExhausted: As in `call`.
-            SourceFatalError: As in `call`.
-            GovernanceBackendError: As in `call`.
-            ConfigError: As in `call`.
         """
         request = OcrRequest(image, mime, prompt)
         return await self.call(
-            scope,
-            request,
-            est_tokens=estimate_tokens(request),
-            fail_fast=fail_fast,
-            priority=priority,
-            tenant=tenant,
+            scope, request, fail_fast=fail_fast, priority=priority, tenant=tenant
         )
 
     async def aclose(self) -> None:

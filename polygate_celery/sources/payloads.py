@@ -25,6 +25,11 @@ class ChatRequest:
 class EmbeddingRequest:
     inputs: Sequence[str]
 
+    @classmethod
+    def of(cls, inputs: Sequence[str] | str) -> EmbeddingRequest:
+        """A request for `inputs` (a single string is one input)."""
+        return cls([inputs] if isinstance(inputs, str) else list(inputs))
+
 
 @dataclass(frozen=True, slots=True)
 class OcrRequest:
