@@ -161,12 +161,12 @@ def _lua(name: str) -> str:
 
 def lua_text(package: str, name: str) -> str:
     """The text of `lua/<name>.lua` in `package` (package data), each line
-    ``-- include: <other>`` replaced by the text of `lua/<other>.lua` (functions
-    several scripts share)."""
+    ``-- include: <other>`` (indented or not: a block may include the functions only it
+    runs) replaced by the text of `lua/<other>.lua` (functions several scripts share)."""
     text = resources.files(package).joinpath(f"lua/{name}.lua").read_text()
     return "".join(
-        lua_text(package, line.removeprefix(_INCLUDE).strip())
-        if line.startswith(_INCLUDE)
+        lua_text(package, line.strip().removeprefix(_INCLUDE))
+        if line.lstrip().startswith(_INCLUDE)
         else line
         for line in text.splitlines(keepends=True)
     )

@@ -91,21 +91,20 @@
 -- hand-over of a permit to the next waiter (handover), a waiter's place in a queue
 -- (standing).
 
+-- Each `local function` of a script is made afresh on every run: the parts an
+-- uncontended admission at a source without a quota does not run (the gate, the
+-- quotas, a booking, a hand-over) are included in the blocks that run them.
+
 -- include: clock
--- include: gcra
 
 local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[13]), tonumber(ARGV[14])
 local MARGIN_S, SLACK_S = tonumber(ARGV[15]), tonumber(ARGV[16])
 local RANK_SPAN, DECAY = tonumber(ARGV[17]), tonumber(ARGV[18])
 local T = 18  -- the arguments before the candidates'
+local NONE = {}  -- no quota's waits, no dimension to book (read only)
 
 -- include: standing
--- include: handover
-
--- include: admit_gate
 -- include: admit_breaker
--- include: admit_quota
--- include: admit_booking
 
 local now = store_now(ARGV[1])
 local permit, est, call, waits = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
@@ -151,6 +150,7 @@ local function held_already()  -- asked at most once
 end
 
 if ARGV[6] ~= '' then
+  -- include: admit_gate
   local function held()
     if held_already() then return {1, ARGV[T + 1], fmt(now)} end
   end
@@ -199,14 +199,17 @@ for i = 1, n do
   end
   if in_use >= permits then reasons[#reasons + 1] = 'at_capacity' end
   local slot = slot_of[i]
-  local q = NO_QUOTA  -- (most sources: no quota declared or learned, no slot booked)
-  if rpm > 0 or tpm > 0 or learned or slot then
+  local waits_s, dims, req_tat, tok_tat = NONE, NONE, nil, nil
+  local lrpm, ltpm, lreq, ltok, wend, wleft = 0, 0, nil, nil, nil, nil
+  if rpm > 0 or tpm > 0 or learned or slot then  -- (most sources: no quota, no slot)
+    -- include: gcra
+    -- include: admit_quota
     local c = {rpm = rpm, tpm = tpm, window = window, qkey = qkey, lkey = lkey, skey = skey}
-    q = quota_says(c, st, now, est, slot, learned, in_windows)
+    local q = quota_says(c, st, now, est, slot, learned, in_windows)
+    waits_s, dims, req_tat, tok_tat = q.waits, q.dims, q.req_tat, q.tok_tat
+    rpm, tpm, window = q.rpm, q.tpm, q.window
+    lrpm, ltpm, lreq, ltok, wend, wleft = q.lrpm, q.ltpm, q.lreq, q.ltok, q.wend, q.wleft
   end
-  local waits_s, dims = q.waits, q.dims
-  rpm, tpm, window = q.rpm, q.tpm, q.window
-  local lrpm, ltpm, lreq, ltok, wend, wleft = q.lrpm, q.ltpm, q.lreq, q.ltok, q.wend, q.wleft
   if #waits_s > 0 then
     reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits_s))
   end
@@ -264,7 +267,7 @@ for i = 1, n do
     if ltpm > 0 and est > 0 then fields[#fields + 1] = 'ltok'; fields[#fields + 1] = ltok end
     if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
     if slot then redis.call('ZREM', KEYS[6 * i], booked) end  -- paid when booked
-    if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', q.req_tat, 'tok', q.tok_tat) end
+    if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', req_tat, 'tok', tok_tat) end
     if rpm > 0 and window > 0 then
       redis.call('ZADD', lkey, now, permit)
       redis.call('PEXPIRE', lkey, math.ceil(window * 1000) + 1000)
@@ -286,6 +289,7 @@ for i = 1, n do
         end
         if j ~= i and slot_of[j] then redis.call('ZREM', alive, booked) end  -- lapses unused
         if j > i and handed_until[j] then
+          -- include: handover
           redis.call('ZREM', KEYS[6 * j - 5], handed)
           local floors = redis.call('HGET', KEYS[6 * j - 4], 'ffloors')
           hand_on(KEYS[6 * j - 5], queue, alive, KEYS[6 * j - 4], floors, now, ARGV[12],
@@ -308,6 +312,8 @@ if ahead ~= nil then
   table.insert(denial, 3, fmt(ahead))
 -- Else book the soonest slot the quota buckets of one candidate give (core.quota.gcra_book).
 elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == nil then
+  -- include: gcra
+  -- include: admit_booking
   local in_s = book(bookable, now, book_within, claim_s, booked)
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end

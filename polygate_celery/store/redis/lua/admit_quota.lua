@@ -20,9 +20,6 @@ end
 -- (`req_tat`, `tok_tat`), the learned ones (`lrpm`, `ltpm`, `lreq`, `ltok`), the
 -- provider's window it moves (`wend`, `wleft`), and `rpm`, `tpm`, `window` as charged
 -- (0 for a booked slot: its quota is paid, it may run from its slot on).
--- What they say of a candidate with none: nothing refuses, nothing is charged (read only).
-local NO_QUOTA = {waits = {}, dims = {}, lrpm = 0, ltpm = 0, rpm = 0, tpm = 0, window = 0}
-
 local function quota_says(c, st, now, est, slot, learned, in_windows)
   local rpm, tpm, window = c.rpm, c.tpm, c.window
   local qkey, lkey, skey = c.qkey, c.lkey, c.skey

@@ -1,5 +1,7 @@
 -- handover.lua: included by admit.lua and keep.lua (a line "-- include: handover"),
--- after standing.lua; not a script of its own.
+-- after the constants RANK_SPAN and DECAY; not a script of its own.
+
+-- include: serving
 
 -- The live waiter served next (its class, its fair share: standing.lua) gets the
 -- permit just freed: it is held for the waiter until its claim ends, and the waiter's

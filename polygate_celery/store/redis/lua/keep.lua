@@ -28,7 +28,6 @@
 
 local RANK_SPAN, DECAY = tonumber(ARGV[4]), tonumber(ARGV[5])
 
--- include: standing
 -- include: handover
 
 local now = store_now(ARGV[1])

@@ -54,7 +54,7 @@
 --          ARGV[33..34] core.standing's RANK_SPAN and DECAY (packed once with the terms,
 --          scripts.py)
 -- Returns  0 if the permit was not held; else it is released and, when the source can
---          run another call, handed to the live waiter served next (standing.lua)
+--          run another call, handed to the live waiter served next (serving.lua)
 --          (fleet-wide, by class and fair share): 1 (no waiter, or one of another process, told by a message
 --          on its channel), or the waiter's call id when it belongs to the settling
 --          process (which wakes it without a message). When the settle changed a state
@@ -67,13 +67,13 @@
 -- as %.17g.
 
 -- include: clock
--- include: gcra
+-- (The parts a settle may not need, the quota's arithmetic and who is served next,
+-- are included in the blocks that run them: a `local function` is made on every run.)
 
 local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[30]), tonumber(ARGV[31]),
   tonumber(ARGV[32])
 local RANK_SPAN, DECAY = tonumber(ARGV[33]), tonumber(ARGV[34])
 
--- include: standing
 
 local permit = ARGV[2]
 local held = redis.call('ZREM', KEYS[1], permit) == 1
@@ -109,6 +109,7 @@ if a[7] and now - tonumber(a[7]) > LEARNED_TTL_S then  -- none learned: nothing 
 end
 ltok = tonumber(ltok or '-1e300')
 if held and ltpm > 0 and est > 0 and admitted_at > tonumber(ltsince or '1e300') then
+  -- include: gcra
   local delta = charge_s(used, ltpm) - charge_s(est, ltpm)
   if delta ~= 0 then
     ltok = ltok + delta
@@ -237,6 +238,7 @@ if ARGV[17] ~= '' then  -- the tenant's share counts the tokens used (standing.l
 end
 
 if tpm > 0 and est > 0 then
+  -- include: gcra
   local delta = charge_s(used, tpm) - charge_s(est, tpm)
   if delta ~= 0 then
     local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')
@@ -244,10 +246,13 @@ if tpm > 0 and est > 0 then
   end
 end
 
--- hand the freed permit to the live waiter served next (standing.lua), if the source
+-- hand the freed permit to the live waiter served next (serving.lua), if the source
 -- can run a call now
-local head, score = next_waiter(KEYS[6], skey, a[17])
-if not head then return reply(1) end  -- nobody waits: nothing more to do
+local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+if not first[1] then return reply(1) end  -- nobody waits: nothing more to do
+-- include: serving
+local head, score = first[1], tonumber(first[2])  -- the head, unless a floor says else
+if a[17] and a[17] ~= '' then head, score = next_waiter(KEYS[6], skey, a[17]) end
 if mode == 'open' or probe or paused_until > now then return reply(1) end  -- waiters poll
 local in_use = redis.call('ZCARD', KEYS[1])
 local permits = math.max(1, math.min(cap, math.floor(limit)))
