@@ -132,6 +132,8 @@ def standing_of(
             )
         shares = tuple(entry.min_share for entry in priorities.values())
         floors = shares if any(shares) else ()
-    if rank == 0 and not name and not floors and weight == PLAIN.weight:
+    # One class at most, no tenant, the default weight: the shared PLAIN (a call of the
+    # top class of two or more is not plain: it may take a lower class's booked slot).
+    if len(priorities) <= 1 and not name and not floors and weight == PLAIN.weight:
         return PLAIN
     return Standing(rank=rank, tenant=name, weight=weight, floors=floors)

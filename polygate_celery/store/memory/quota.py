@@ -17,6 +17,7 @@ from polygate_celery.core.quota import (
     gcra_reserve,
     window_wait,
 )
+from polygate_celery.core.standing import PLAIN
 from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import AdmitRequest
 from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
@@ -135,7 +136,11 @@ def book(
     now: float,
 ) -> float | None:
     """Book the soonest slot the quotas of one candidate give, if soon enough: seconds
-    until it."""
+    until it. A slot a lower class booked is taken first (`take_lower`)."""
+    if request.standing is not PLAIN:
+        taken = take_lower(candidates, call_id, request, now)
+        if taken is not None:
+            return taken
     best: tuple[float, list[float], list[_Dim], SourceState] | None = None
     for terms, state in candidates:
         dims = _dims(ledger, terms, state, request.est_tokens, now)
@@ -148,8 +153,33 @@ def book(
         return None
     for dim, tat in zip(dims, tats, strict=True):
         dim.charge(tat)
-    state.booked[call_id] = [slot, slot + request.claim_s]
+    state.booked[call_id] = [slot, slot + request.claim_s, float(request.standing.rank)]
     return slot - now
+
+
+def take_lower(
+    candidates: list[tuple[SourceTerms, SourceState]],
+    call_id: str,
+    request: AdmitRequest,
+    now: float,
+) -> float | None:
+    """The soonest slot a waiter of a class below the caller's (a greater rank) booked
+    at one of `candidates` and has not used, within `book_within_s`: taken for the
+    caller (SPEC §8, a higher class is served first), its quota paid already. The
+    waiter it was taken from finds its booking gone when it asks at its slot, and books
+    anew. Seconds until the slot, or None (as admit_booking.lua's `take_lower`)."""
+    rank = request.standing.rank
+    best: tuple[float, SourceState, str] | None = None
+    for _, state in candidates:
+        for other, (slot, claim_end, other_rank) in state.booked.items():
+            if other_rank > rank and claim_end > now and (best is None or slot < best[0]):
+                best = (slot, state, other)
+    if best is None or best[0] - now > request.book_within_s:
+        return None
+    slot, state, other = best
+    del state.booked[other]
+    state.booked[call_id] = [slot, slot + request.claim_s, float(rank)]
+    return max(slot - now, 0.0)
 
 
 def _dims(

@@ -54,7 +54,7 @@ class SourceState:
     queue: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     fair: Fair = field(default_factory=Fair)
     handed: dict[str, float] = field(default_factory=dict)
-    # Quota slots booked by waiting calls: call id -> [slot, end of its claim].
+    # Quota slots booked by waiting calls: call id -> [slot, end of its claim, class rank].
     booked: dict[str, list[float]] = field(default_factory=dict)
     # The source's last error (as settle.lua keeps it), and when its breaker last opened.
     error: str | None = None

@@ -106,6 +106,12 @@ def test_one_class_of_no_floor_and_no_tenant_stands_plain() -> None:
     assert classes("only").standing("only") is PLAIN
 
 
+def test_the_top_class_of_two_is_not_plain_though_it_ranks_first() -> None:
+    top = classes("first", "second").standing("first")
+    assert top == PLAIN  # rank 0, no tenant, the default weight, no floors ...
+    assert top is not PLAIN  # ... but it stands above a class: it may take its slots
+
+
 def test_a_call_without_a_tenant_has_the_default_weight() -> None:
     config = parse_config({"tenant_defaults": {"weight": 3}})
     assert config.standing() == Standing(rank=0, tenant="", weight=3.0, floors=())

@@ -110,3 +110,31 @@ async def test_a_call_starved_by_a_higher_class_stalls_while_the_scope_lives(
     await asyncio.gather(*streams)
     assert "batch" not in [entry.payload for entry in source.journal]
     await gw.aclose()
+
+
+async def test_an_interactive_call_overtakes_batch_calls_waiting_for_the_quota(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """A quota (6 RPM as a bucket: six at once, then a slot every 10 s) binds, not the
+    permits: the batch calls beyond its burst have booked its next slots. An interactive
+    call takes the soonest of them and is sent next; the batch call it was taken from
+    books again, after the others."""
+    source = ScriptedSource.always(clock, steps.ok(duration_s=0.1))
+    config = parse_config(
+        {
+            "sources": {"a": {"max_concurrency": 16, "rpm": 6, "timeout_s": 60}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"], "stall_window_s": 600}},
+            "priorities": {"interactive": {}, "batch": {"default": True}},
+        }
+    )
+    gw = gateway(config, {"a": source})
+    calls = []
+    for i in range(9):
+        calls.append(asyncio.ensure_future(gw.call("s", f"batch{i}")))
+        await clock.sleep(0.1)
+    calls.append(asyncio.ensure_future(gw.call("s", "urgent", priority="interactive")))
+    await asyncio.gather(*calls)
+    sent = [entry.payload for entry in source.journal]
+    assert sent[:6] == [f"batch{i}" for i in range(6)], sent  # the bucket's burst
+    assert sent[6:] == ["urgent", "batch7", "batch8", "batch6"], sent  # batch6's slot taken
+    await gw.aclose()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from polygate_celery.core.quota import BURST_S
+from polygate_celery.core.standing import Standing
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import Denial, Grant
 from tests.unit.store.conftest import Harness
@@ -143,3 +144,42 @@ async def test_a_source_refusing_for_more_than_quota_is_not_booked(h: Harness) -
     denial = await h.deny(narrow, waiter="a", **WITHIN)
     assert denial.blocked == (("full", "at_capacity"),)
     assert denial.booked_in_s is None
+
+
+INTERACTIVE = Standing(rank=0)
+BATCH = Standing(rank=1)
+
+
+async def test_a_higher_class_takes_the_soonest_slot_a_lower_class_booked(h: Harness) -> None:
+    """SPEC §8: among callers waiting for a quota, a higher class is served first. A
+    batch backlog has booked the bucket's next slots; an interactive caller takes the
+    soonest of them (its quota paid already), and the batch caller it was taken from
+    finds it gone at its slot and books anew, after the others."""
+    first = await drain(h, RPM)
+    assert first.reopen_in_s is not None
+    batch = [await h.deny(RPM, waiter=w, standing=BATCH, **WITHIN) for w in ("b1", "b2", "b3")]
+    assert [d.booked_in_s for d in batch] == pytest.approx(
+        [first.reopen_in_s, first.reopen_in_s + 1.0, first.reopen_in_s + 2.0]
+    )
+    urgent = await h.deny(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
+    assert urgent.booked_in_s == pytest.approx(first.reopen_in_s)  # b1's slot, not a fourth
+    h.clock.advance(first.reopen_in_s)
+    taken = await h.admit(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
+    assert isinstance(taken, Grant)
+    bumped = await h.deny(RPM, waiter="b1", standing=BATCH, **WITHIN)
+    assert bumped.booked_in_s == pytest.approx(3.0)  # after b2 and b3: the bucket's next
+    h.clock.advance(1.0)
+    assert isinstance(await h.admit(RPM, waiter="b2", standing=BATCH, **WITHIN), Grant)
+
+
+async def test_a_class_takes_no_slot_from_its_own_class_or_a_higher_one(h: Harness) -> None:
+    first = await drain(h, RPM)
+    assert first.reopen_in_s is not None
+    await h.deny(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
+    await h.deny(RPM, waiter="b1", standing=BATCH, **WITHIN)
+    same = await h.deny(RPM, waiter="b2", standing=BATCH, **WITHIN)
+    assert same.booked_in_s == pytest.approx(first.reopen_in_s + 2.0)  # a slot of its own
+    # the interactive caller's booking stands: it is admitted at its slot
+    h.clock.advance(first.reopen_in_s)
+    kept = await h.admit(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
+    assert isinstance(kept, Grant)

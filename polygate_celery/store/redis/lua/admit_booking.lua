@@ -25,3 +25,33 @@ local function book(bookable, now, book_within, claim_s, booked)
   redis.call('ZADD', alive, best_slot + claim_s, booked)
   return best_slot - now
 end
+
+-- The soonest slot a waiter of a class below `rank` (a greater rank) booked at one of
+-- `bookable`'s candidates and has not used, within `book_within` seconds: taken for
+-- this caller (SPEC §8, a higher class is served first). The booking moves to
+-- `booked`, its quota paid already; the waiter it was taken from finds it gone when
+-- it asks at its slot, and books anew. A booking is "@<call> <rank> <claim s>" in the
+-- candidate's alive set, scored by its slot plus that claim. Seconds until the slot,
+-- or nil. Looks at the `TAKE_SCAN` soonest members of each candidate's set.
+local TAKE_SCAN = 32
+local function take_lower(bookable, now, book_within, rank, claim_s, booked)
+  local best_alive, best_member, best_slot = nil, nil, nil
+  for _, b in ipairs(bookable) do
+    local alive = KEYS[6 * b[1]]
+    local soonest = redis.call('ZRANGEBYSCORE', alive, '(' .. fmt(now), '+inf', 'WITHSCORES',
+      'LIMIT', 0, TAKE_SCAN)
+    for k = 1, #soonest, 2 do
+      local r, claim = string.match(soonest[k], '^@%S+ (%d+) (%S+)$')
+      if r and tonumber(r) > rank then
+        local slot = tonumber(soonest[k + 1]) - tonumber(claim)
+        if best_slot == nil or slot < best_slot then
+          best_alive, best_member, best_slot = alive, soonest[k], slot
+        end
+      end
+    end
+  end
+  if best_slot == nil or best_slot - now > book_within then return nil end
+  redis.call('ZREM', best_alive, best_member)
+  redis.call('ZADD', best_alive, best_slot + claim_s, booked)
+  return math.max(best_slot - now, 0)
+end
