@@ -285,6 +285,12 @@ class GovernanceCollector:
             "Seconds until a source's fleet-wide pause ends (0: not paused)",
             "source",
         )
+        waiting = gauge(
+            "polygate_source_waiting",
+            "Calls waiting for a source's permits, fleet-wide, by priority class",
+            "source",
+            "priority",
+        )
         progress = gauge(
             "polygate_scope_progress_age_seconds",
             "Seconds since a scope's last success (+Inf: none in the last hour)",
@@ -306,12 +312,14 @@ class GovernanceCollector:
             breaker.add_metric([name], BREAKER_STATES.get(snap.breaker, math.nan))
             failures.add_metric([name], snap.breaker_failures)
             paused.add_metric([name], snap.paused_for_s)
+            for rank, count in enumerate(snap.waiting):  # ("" where no class is declared)
+                waiting.add_metric([name, (*self._config.priorities, "")[rank]], count)
         for scope, age in reading.progress if reading else ():
             progress.add_metric([scope], age)
         for app, size, ready in reading.parked if reading else ():
             parked.add_metric([app], size)
             due.add_metric([app], ready)
-        return [up, in_use, limit, cap, breaker, failures, paused, progress, parked, due]
+        return [up, in_use, limit, cap, breaker, failures, paused, waiting, progress, parked, due]
 
 
 def _lot_subkey(name: str) -> bool:

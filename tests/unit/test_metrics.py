@@ -245,6 +245,34 @@ async def test_the_collector_reports_the_store_state(
         collector.close()
 
 
+async def test_the_collector_reports_the_calls_waiting_for_a_source_by_class(
+    store: Store, collector_store: Store
+) -> None:
+    config = parse_config(
+        {
+            "sources": {"a": {"max_concurrency": 1}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"]}},
+            "priorities": {"interactive": {}, "batch": {"default": True}},
+        }
+    )
+    terms = source_terms(config, "a")
+    assert isinstance(await store.admit(AdmitRequest("s", (terms,), "held")), Grant)
+    for call, priority in [("b1", "batch"), ("b2", "batch"), ("i1", "interactive")]:
+        waiting = AdmitRequest(
+            "s", (terms,), f"p-{call}", call_id=call, claim_s=30.0, queued=False,
+            standing=config.standing(priority),
+        )  # fmt: skip
+        assert not isinstance(await store.admit(waiting), Grant)
+    collector = GovernanceCollector(config, store=collector_store)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        assert value(registry, "polygate_source_waiting", source="a", priority="batch") == 2
+        assert value(registry, "polygate_source_waiting", source="a", priority="interactive") == 1
+    finally:
+        collector.close()
+
+
 async def test_the_collector_reports_parking_lots(redis_url: str) -> None:
     store = RedisStore.from_url(redis_url, prefix=unique_prefix())
     lot = store.keys.parked("pipeline")
