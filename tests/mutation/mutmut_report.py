@@ -169,6 +169,15 @@ EQUIVALENT |= {
     ),
 }
 
+STANDING = "polygate_celery.core.standing."
+EQUIVALENT |= {
+    STANDING + "x_next_class__mutmut_9": Equivalent(
+        "if floor < 0:",
+        "a class of floor 0 is then looked at, but its share (never negative) is never "
+        "below 0, so it is never counted below its floor; the same class is served",
+    ),
+}
+
 WAIT = "polygate_celery.governance.loop.xǁGovernedCallǁ_wait"
 EQUIVALENT |= {
     ENGINE + "attempts.x__plan_next__mutmut_34": Equivalent(

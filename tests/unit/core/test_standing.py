@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -81,3 +82,24 @@ def test_a_backlogged_tenants_tag_moves_by_the_tokens_used_over_its_weight() -> 
 
 def test_a_tenant_behind_the_virtual_time_is_not_moved() -> None:
     assert corrected(80.0, 100.0, 100, 1000, 1.0) == 80.0
+
+
+def test_a_class_counted_for_the_first_time_counts_one() -> None:
+    assert served_counts({}, 1) == {1: 1.0}
+
+
+@pytest.mark.parametrize(
+    ("waiting", "counts", "floors", "served"),
+    [
+        ([0, 1], {}, (), 0),  # no floors declared: the highest class, whatever it had
+        ([0, 1], {0: 5.0, 1: 1.0}, (), 0),
+        ([0, 1], {0: 1.0}, (0.0, 0.5), 1),  # a class never served has a share of 0
+        ([0, 1], {}, (0.0, 0.3), 1),  # nothing served yet: every share is 0
+        ([0, 1], {1: 0.5}, (0.0, 0.6), 0),  # counters below one grant still make shares
+        ([0, 1], {0: 3.0, 1: 1.0}, (0.0, 0.25), 0),  # at its floor exactly: not below it
+    ],
+)
+def test_the_next_class_at_the_edges_of_its_floor(
+    waiting: list[int], counts: dict[int, float], floors: tuple[float, ...], served: int
+) -> None:
+    assert next_class(waiting, counts, floors) == served
