@@ -41,15 +41,22 @@ async def held(
     return source, gw, calls
 
 
+async def backlog_then_urgent(
+    clock: VirtualClock, gw: Gateway, calls: list[asyncio.Future[Any]], n: int, every_s: float
+) -> None:
+    """`n` batch calls `every_s` apart, then one interactive call; all of them ended."""
+    for i in range(n):
+        calls.append(asyncio.ensure_future(gw.call("s", f"batch{i}")))
+        await clock.sleep(every_s)
+    calls.append(asyncio.ensure_future(gw.call("s", "urgent", priority="interactive")))
+    await asyncio.gather(*calls)
+
+
 async def test_an_interactive_call_overtakes_a_waiting_batch_backlog(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:
     source, gw, calls = await held(clock, gateway)
-    for i in range(3):
-        calls.append(asyncio.ensure_future(gw.call("s", f"batch{i}")))
-        await clock.sleep(0.5)
-    calls.append(asyncio.ensure_future(gw.call("s", "urgent", priority="interactive")))
-    await asyncio.gather(*calls)
+    await backlog_then_urgent(clock, gw, calls, 3, 0.5)
     sent = [entry.payload for entry in source.journal]
     assert sent == ["holder", "urgent", "batch0", "batch1", "batch2"]
     await gw.aclose()
@@ -128,12 +135,7 @@ async def test_an_interactive_call_overtakes_batch_calls_waiting_for_the_quota(
         }
     )
     gw = gateway(config, {"a": source})
-    calls = []
-    for i in range(9):
-        calls.append(asyncio.ensure_future(gw.call("s", f"batch{i}")))
-        await clock.sleep(0.1)
-    calls.append(asyncio.ensure_future(gw.call("s", "urgent", priority="interactive")))
-    await asyncio.gather(*calls)
+    await backlog_then_urgent(clock, gw, [], 9, 0.1)
     sent = [entry.payload for entry in source.journal]
     assert sent[:6] == [f"batch{i}" for i in range(6)], sent  # the bucket's burst
     assert sent[6:] == ["urgent", "batch7", "batch8", "batch6"], sent  # batch6's slot taken
