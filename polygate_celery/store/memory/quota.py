@@ -17,7 +17,7 @@ from polygate_celery.core.quota import (
     gcra_reserve,
     window_wait,
 )
-from polygate_celery.core.standing import PLAIN
+from polygate_celery.core.standing import PLAIN, next_class
 from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import AdmitRequest
 from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
@@ -167,13 +167,19 @@ def take_lower(
     at one of `candidates` and has not used, within `book_within_s`: taken for the
     caller (SPEC §8, a higher class is served first), its quota paid already. The
     waiter it was taken from finds its booking gone when it asks at its slot, and books
-    anew. Seconds until the slot, or None (as admit_booking.lua's `take_lower`)."""
-    rank = request.standing.rank
+    anew. A class below its floor of the slots used there (`core.standing.next_class`
+    of the two) keeps its slots. Seconds until the slot, or None (as admit_booking.lua's
+    `take_lower`)."""
+    rank, floors = request.standing.rank, request.standing.floors
     best: tuple[float, SourceState, str] | None = None
     for _, state in candidates:
         for other, (slot, claim_end, other_rank) in state.booked.items():
-            if other_rank > rank and claim_end > now and (best is None or slot < best[0]):
-                best = (slot, state, other)
+            if other_rank <= rank or claim_end <= now or (best is not None and slot >= best[0]):
+                continue
+            lower = int(other_rank)  # below its floor, further than the taker: kept
+            if floors and next_class([rank, lower], state.slots_used, floors) == lower:
+                continue
+            best = (slot, state, other)
     if best is None or best[0] - now > request.book_within_s:
         return None
     slot, state, other = best

@@ -54,6 +54,9 @@ class SourceState:
     queue: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     fair: Fair = field(default_factory=Fair)
     handed: dict[str, float] = field(default_factory=dict)
+    # The booked slots each class used lately, decayed per slot (kept where floors are
+    # declared: a class below its floor keeps its slots, `quota.take_lower`).
+    slots_used: dict[int, float] = field(default_factory=dict)
     # Quota slots booked by waiting calls: call id -> [slot, end of its claim, class rank].
     booked: dict[str, list[float]] = field(default_factory=dict)
     # The source's last error (as settle.lua keeps it), and when its breaker last opened.

@@ -183,3 +183,20 @@ async def test_a_class_takes_no_slot_from_its_own_class_or_a_higher_one(h: Harne
     h.clock.advance(first.reopen_in_s)
     kept = await h.admit(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
     assert isinstance(kept, Grant)
+
+
+async def test_a_class_below_its_floor_keeps_its_booked_slots(h: Harness) -> None:
+    """Batch's floor is half the slots used: until it has used its share, an interactive
+    caller books a slot of its own after batch's; once it has, it takes batch's next."""
+    floors = (0.0, 0.5)
+    interactive, batch = Standing(rank=0, floors=floors), Standing(rank=1, floors=floors)
+    first = await drain(h, RPM)
+    assert first.reopen_in_s is not None
+    for caller in ("b1", "b2"):
+        await h.deny(RPM, waiter=caller, standing=batch, **WITHIN)
+    own = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
+    assert own.booked_in_s == pytest.approx(first.reopen_in_s + 2.0)  # none taken
+    h.clock.advance(first.reopen_in_s)
+    assert isinstance(await h.admit(RPM, waiter="b1", standing=batch, **WITHIN), Grant)
+    taken = await h.deny(RPM, waiter="i2", standing=interactive, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(1.0)  # b2's: batch has had its share

@@ -1,5 +1,7 @@
 -- admit_booking.lua: included by admit.lua (a line "-- include: admit_booking"), after
--- gcra.lua and the constant MARGIN_S; not a script of its own.
+-- gcra.lua and the constants MARGIN_S and DECAY; not a script of its own.
+
+-- include: quota_floors
 
 -- Book the soonest slot the quota buckets of one of `bookable` ({candidate i, dims}
 -- each: refused by quota buckets alone) give (core.quota.gcra_book), if within
@@ -33,16 +35,23 @@ end
 -- it asks at its slot, and books anew. A booking is "@<call> <rank> <claim s>" in the
 -- candidate's alive set, scored by its slot plus that claim. Seconds until the slot,
 -- or nil. Looks at the `TAKE_SCAN` soonest members of each candidate's set.
+-- With `floors` (the classes' min_share, "" for none), a class below its floor keeps
+-- its slots (quota_floors.lua).
 local TAKE_SCAN = 32
-local function take_lower(bookable, now, book_within, rank, claim_s, booked)
+local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked)
   local best_alive, best_member, best_slot = nil, nil, nil
   for _, b in ipairs(bookable) do
     local alive = KEYS[6 * b[1]]
     local soonest = redis.call('ZRANGEBYSCORE', alive, '(' .. fmt(now), '+inf', 'WITHSCORES',
       'LIMIT', 0, TAKE_SCAN)
+    local kept = {}  -- lower class -> whether its slots here are kept from this caller
     for k = 1, #soonest, 2 do
       local r, claim = string.match(soonest[k], '^@%S+ (%d+) (%S+)$')
-      if r and tonumber(r) > rank then
+      r = tonumber(r)
+      if r and r > rank and floors ~= '' and kept[r] == nil then
+        kept[r] = kept_from(KEYS[6 * b[1] - 4], rank, r, floors)
+      end
+      if r and r > rank and not kept[r] then
         local slot = tonumber(soonest[k + 1]) - tonumber(claim)
         if best_slot == nil or slot < best_slot then
           best_alive, best_member, best_slot = alive, soonest[k], slot
