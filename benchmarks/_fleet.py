@@ -86,11 +86,16 @@ async def run_fleet(
     run_id = uuid.uuid4().hex[:8]
     spec = {**spec, "url": url, "ready": f"bench:{run_id}:ready", "go": f"bench:{run_id}:go"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYGATE_")}
-    children = [
+    children = [  # (each told its place in the fleet: `index`)
         await asyncio.create_subprocess_exec(
-            sys.executable, script, "--worker", json.dumps(spec), stdout=subprocess.PIPE, env=env
+            sys.executable,
+            script,
+            "--worker",
+            json.dumps({**spec, "index": index}),
+            stdout=subprocess.PIPE,
+            env=env,
         )
-        for _ in range(processes)
+        for index in range(processes)
     ]
     with redis.Redis.from_url(
         url, decode_responses=True, socket_timeout=HARNESS_TIMEOUT_S
