@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 import uuid
@@ -116,8 +117,9 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def pct(values: list[float], q: float) -> float:
+    """The `q` quantile (nearest rank): of 100 waits, p99 is the 99th."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
 
 
 async def run(url: str, processes: int, batch_callers: int, warmup_s: float, label: str) -> str:

@@ -91,8 +91,9 @@ class ScopePlan(CallRules):
 
     def for_call(self, est_tokens: int, fail_fast: bool, scope_gate: bool) -> CallRules:
         """The engine's rules for a call with these options: this plan with them set.
-        Kept per distinct options (at most `_KEPT_RULES`): copying a plan this wide costs
-        more than a look-up, and most calls of a scope share their options."""
+        Kept per distinct options (at most `_KEPT_RULES`, then made afresh): copying a
+        plan this wide costs more than a look-up, and calls that share their options
+        (custom payloads, a task's repeated prompts) find theirs."""
         key = (est_tokens, fail_fast, scope_gate)
         rules = self._for_calls.get(key)
         if rules is None:

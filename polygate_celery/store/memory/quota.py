@@ -15,6 +15,7 @@ from polygate_celery.core.quota import (
     gcra_book,
     gcra_charge,
     gcra_reserve,
+    gcra_settle,
     window_wait,
 )
 from polygate_celery.core.standing import PLAIN, next_class
@@ -36,13 +37,15 @@ class QuotaSay:
 
 @dataclass(frozen=True, slots=True)
 class _Dim:
-    """One quota bucket a booking charges: its TAT, the cost, the limit, where it is kept."""
+    """One quota bucket a booking charges: its TAT, the cost, the limit, where it is kept,
+    and whether it counts tokens."""
 
     tat: float
     cost: float
     limit: int
     holder: object
     attribute: str
+    tokens: bool = False
 
     def charge(self, tat: float) -> None:
         setattr(self.holder, self.attribute, tat)
@@ -136,11 +139,7 @@ def book(
     now: float,
 ) -> float | None:
     """Book the soonest slot the quotas of one candidate give, if soon enough: seconds
-    until it. A slot a lower class booked is taken first (`take_lower`)."""
-    if request.standing is not PLAIN:
-        taken = take_lower(candidates, call_id, request, now)
-        if taken is not None:
-            return taken
+    until it. A sooner slot a lower class booked is taken instead (`take_lower`)."""
     best: tuple[float, list[float], list[_Dim], SourceState] | None = None
     for terms, state in candidates:
         dims = _dims(ledger, terms, state, request.est_tokens, now)
@@ -149,43 +148,64 @@ def book(
             best = (slot, tats, dims, state)
     assert best is not None
     slot, tats, dims, state = best
+    if request.standing is not PLAIN:
+        taken = take_lower(ledger, candidates, call_id, request, slot, now)
+        if taken is not None:
+            return taken
     if slot - now > request.book_within_s:
         return None
     for dim, tat in zip(dims, tats, strict=True):
         dim.charge(tat)
-    state.booked[call_id] = [slot, slot + request.claim_s, float(request.standing.rank)]
+    rank = float(request.standing.rank)
+    state.booked[call_id] = [slot, slot + request.claim_s, rank, float(request.est_tokens)]
     return slot - now
 
 
+TAKE_SCAN = 32  # the soonest bookings ahead looked at, per candidate (as admit_booking.lua)
+
+
 def take_lower(
+    ledger: Ledger,
     candidates: list[tuple[SourceTerms, SourceState]],
     call_id: str,
     request: AdmitRequest,
+    fresh_slot: float,
     now: float,
 ) -> float | None:
-    """The soonest slot a waiter of a class below the caller's (a greater rank) booked
-    at one of `candidates` and has not used, within `book_within_s`: taken for the
-    caller (SPEC §8, a higher class is served first), its quota paid already. The
-    waiter it was taken from finds its booking gone when it asks at its slot, and books
-    anew. A class below its floor of the slots used there (`core.standing.next_class`
-    of the two) keeps its slots. Seconds until the slot, or None (as admit_booking.lua's
-    `take_lower`)."""
+    """A slot ahead that a waiter of a class below the caller's (a greater rank) booked
+    at one of `candidates`, no later than a new booking's (`fresh_slot`) and within
+    `book_within_s`: taken for the caller (SPEC §8, a higher class is served first), its
+    quota paid already (the token buckets charged for the caller's estimate instead of
+    the booker's). The waiter it was taken from finds its booking gone when it asks at
+    its slot, and books anew. A class below its floor of the slots used there
+    (`core.standing.next_class` of the two) keeps its slots. Looks at the `TAKE_SCAN`
+    soonest bookings ahead of each candidate. Seconds until the slot, or None (as
+    admit_booking.lua's `take_lower`)."""
     rank, floors = request.standing.rank, request.standing.floors
-    best: tuple[float, SourceState, str] | None = None
-    for _, state in candidates:
-        for other, (slot, claim_end, other_rank) in state.booked.items():
-            if other_rank <= rank or claim_end <= now or (best is not None and slot >= best[0]):
+    best: tuple[float, SourceTerms, SourceState, str] | None = None
+    for terms, state in candidates:
+        ahead = sorted(
+            (booking[1], other)
+            for other, booking in state.booked.items()
+            if booking[1] > now + request.claim_s
+        )
+        for _, other in ahead[:TAKE_SCAN]:
+            slot, _, other_rank, _ = state.booked[other]
+            lower = int(other_rank)
+            if lower <= rank or slot <= now or (best is not None and slot >= best[0]):
                 continue
-            lower = int(other_rank)  # below its floor, further than the taker: kept
             if floors and next_class([rank, lower], state.slots_used, floors) == lower:
-                continue
-            best = (slot, state, other)
-    if best is None or best[0] - now > request.book_within_s:
+                continue  # below its floor, further than the taker: kept
+            best = (slot, terms, state, other)
+    if best is None or best[0] - now > request.book_within_s or best[0] > fresh_slot:
         return None
-    slot, state, other = best
-    del state.booked[other]
-    state.booked[call_id] = [slot, slot + request.claim_s, float(rank)]
-    return max(slot - now, 0.0)
+    slot, terms, state, other = best
+    booker_est = int(state.booked.pop(other)[3])
+    for dim in _dims(ledger, terms, state, request.est_tokens, now):
+        if dim.tokens:  # charged for the booker's estimate: now for the caller's
+            dim.charge(gcra_settle(dim.tat, booker_est, request.est_tokens, dim.limit))
+    state.booked[call_id] = [slot, slot + request.claim_s, float(rank), float(request.est_tokens)]
+    return slot - now
 
 
 def _dims(
@@ -199,10 +219,10 @@ def _dims(
         if quota.rpm is not None:
             dims.append(_Dim(qs.request_tat, 1, quota.rpm, qs, "request_tat"))
         if quota.tpm is not None and est_tokens > 0:
-            dims.append(_Dim(qs.token_tat, est_tokens, quota.tpm, qs, "token_tat"))
+            dims.append(_Dim(qs.token_tat, est_tokens, quota.tpm, qs, "token_tat", True))
     # (a caller refused by a provider's window is not bookable: see `bookable`)
     for dimension, bucket in state.learned.live(now).items():
         cost = 1 if dimension == "req" else est_tokens
         if cost > 0:
-            dims.append(_Dim(bucket.tat, cost, bucket.limit, bucket, "tat"))
+            dims.append(_Dim(bucket.tat, cost, bucket.limit, bucket, "tat", dimension != "req"))
     return dims

@@ -57,7 +57,8 @@ class SourceState:
     # The booked slots each class used lately, decayed per slot (kept where floors are
     # declared: a class below its floor keeps its slots, `quota.take_lower`).
     slots_used: dict[int, float] = field(default_factory=dict)
-    # Quota slots booked by waiting calls: call id -> [slot, end of its claim, class rank].
+    # Quota slots booked by waiting calls: call id -> [slot, end of its claim, class rank,
+    # estimated tokens].
     booked: dict[str, list[float]] = field(default_factory=dict)
     # The source's last error (as settle.lua keeps it), and when its breaker last opened.
     error: str | None = None

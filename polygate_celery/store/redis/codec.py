@@ -83,9 +83,9 @@ def encode_admit(request: AdmitRequest, wait: WaitMode, now: bytes) -> tuple[byt
 @functools.lru_cache(maxsize=1024)
 def standing_arg(standing: Standing) -> bytes:
     """A caller's standing as admit.lua's ARGV[9] reads it (see its header): `PLAIN`
-    itself (no class declared) is sent as "", by `encode_admit`; a standing equal to
-    it (the top class, no tenant, no floors) is sent in full: a class may take a
-    lower class's booked slot (admit_booking.lua)."""
+    itself (one class at most, no tenant) is sent as "", by `encode_admit`; a standing
+    equal to it (the top class of two or more, no tenant, no floors) is sent in full: it
+    may take a lower class's booked slot (admit_booking.lua)."""
     floors = ",".join(fmt(f) for f in standing.floors)
     return f"{standing.rank}|{fmt(standing.weight)}|{standing.tenant}|{floors}".encode()
 

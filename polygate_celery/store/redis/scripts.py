@@ -44,7 +44,7 @@ _COMMANDS_KEPT = 256  # packed admit/settle commands kept per store, each kind
 _SCRIPTS = ("admit", "settle", "renew", "keep", "progress", "source", "gate", "quota")
 # What core's and the store's constants admit.lua and settle.lua read (their headers):
 # sent with the terms, packed once, so each script has one source for each.
-STANDING_CONSTANTS = (fmt(RANK_SPAN), fmt(DECAY))  # standing.lua's, in every script with it
+STANDING_CONSTANTS = (fmt(RANK_SPAN), fmt(DECAY))  # standing.lua's and serving.lua's
 STANDING_SPAN_CLASSES = (fmt(RANK_SPAN), MAX_CLASSES)  # source.lua's snapshot
 _ADMIT_CONSTANTS = tuple(
     fmt(x).encode()

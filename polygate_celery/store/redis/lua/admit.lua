@@ -31,10 +31,11 @@
 --                                                "<origin> <call id> <claim s>"
 --   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
 --                                                each of its admissions); "@<call id>
---                                                <rank> <claim s>": a quota slot that
---                                                call, of that class, booked -> the slot
---                                                plus its claim (it lapses then; a higher
---                                                class may take it, admit_booking.lua)
+--                                                <rank> <claim s> <est>": a quota slot
+--                                                that call, of that class, booked -> the
+--                                                slot plus its claim (it lapses then; a
+--                                                higher class may take it,
+--                                                admit_booking.lua)
 --   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until error
 -- ARGV[1]   now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]   permit id (chosen by the caller: a repeated admit returns its first grant)
@@ -51,9 +52,9 @@
 -- ARGV[8]   how far ahead a waiting caller refused by quota buckets alone books the
 --           soonest slot they give ("" or 0: it does not book): the buckets are charged
 --           as at that slot, and from the slot on it is admitted there uncharged
--- ARGV[9]   the caller's standing (core.standing): "" for the plain one (no class
---           declared: rank 0, no tenant, weight 1, no floors; it takes no booked slot
---           of another's), else "<rank>|<weight>|<tenant>|<floors>",
+-- ARGV[9]   the caller's standing (core.standing): "" for the plain one (one class at
+--           most: rank 0, no tenant, weight 1, no floors; it takes no booked slot of
+--           another's), else "<rank>|<weight>|<tenant>|<floors>",
 --           floors the classes' min_share by rank, comma-separated ("" for none)
 -- ARGV[10]  lease seconds     ARGV[11]  the caller's origin (its process)
 -- ARGV[12]  the wake-up channel of origin X is this text followed by X
@@ -120,7 +121,8 @@ local function waiter() return ARGV[11] .. ' ' .. call .. ' ' .. ARGV[7] end
 -- where a waiter of this caller's standing takes its place (standing.lua)
 local s_rank, s_weight, _, s_floors, s_virtual, s_finish = standing_of(ARGV[9])
 -- a slot this caller books (admit_booking.lua), for a caller that waits
-local booked = waits ~= '0' and ('@' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7]) or nil
+local booked = waits ~= '0' and ('@' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7] .. ' ' .. ARGV[3])
+  or nil
 
 -- A repeated admit returns its first grant. With one candidate and no queue to look
 -- in, the permit's presence is checked where it matters instead: when adding it, and
@@ -323,7 +325,7 @@ elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == n
   -- include: admit_booking
   -- a slot booked by a lower class is taken first, if any (standing: a class's rank)
   local in_s = ARGV[9] ~= ''
-    and take_lower(bookable, now, book_within, s_rank, s_floors, claim_s, booked)
+    and take_lower(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est)
   if not in_s then in_s = book(bookable, now, book_within, claim_s, booked) end
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end

@@ -3,12 +3,10 @@
 
 -- include: quota_floors
 
--- Book the soonest slot the quota buckets of one of `bookable` ({candidate i, dims}
--- each: refused by quota buckets alone) give (core.quota.gcra_book), if within
--- `book_within` seconds: its buckets are charged as at that slot, and the booking is
--- kept in the candidate's alive ZSET (KEYS[6i]) as `booked` -> the slot plus `claim_s`.
--- Returns the seconds until the slot, or nil when none is soon enough.
-local function book(bookable, now, book_within, claim_s, booked)
+-- The soonest slot the quota buckets of one of `bookable` ({candidate i, dims} each:
+-- refused by quota buckets alone; a dim is {tat, cost, limit, key, field}) give a new
+-- booking (core.quota.gcra_book): the candidate's entry and the slot.
+local function fresh_slot(bookable, now)
   local best, best_slot = nil, nil
   for _, b in ipairs(bookable) do
     local at = now
@@ -17,6 +15,15 @@ local function book(bookable, now, book_within, claim_s, booked)
     end
     if best_slot == nil or at < best_slot then best, best_slot = b, at end
   end
+  return best, best_slot
+end
+
+-- Book the soonest slot (`fresh_slot`) if within `book_within` seconds: its buckets are
+-- charged as at that slot, and the booking is kept in the candidate's alive ZSET
+-- (KEYS[6i]) as `booked` -> the slot plus `claim_s`. Returns the seconds until the
+-- slot, or nil when none is soon enough.
+local function book(bookable, now, book_within, claim_s, booked)
+  local best, best_slot = fresh_slot(bookable, now)
   if best_slot - now > book_within then return nil end
   for _, d in ipairs(best[2]) do
     local tat = math.max(d[1], best_slot + MARGIN_S) + charge_s(d[2], d[3])
@@ -28,39 +35,49 @@ local function book(bookable, now, book_within, claim_s, booked)
   return best_slot - now
 end
 
--- The soonest slot a waiter of a class below `rank` (a greater rank) booked at one of
--- `bookable`'s candidates and has not used, within `book_within` seconds: taken for
--- this caller (SPEC §8, a higher class is served first). The booking moves to
--- `booked`, its quota paid already; the waiter it was taken from finds it gone when
--- it asks at its slot, and books anew. A booking is "@<call> <rank> <claim s>" in the
--- candidate's alive set, scored by its slot plus that claim. Seconds until the slot,
--- or nil. Looks at the `TAKE_SCAN` soonest members of each candidate's set.
--- With `floors` (the classes' min_share, "" for none), a class below its floor keeps
--- its slots (quota_floors.lua).
+-- A slot ahead that a waiter of a class below `rank` (a greater rank) booked at one of
+-- `bookable`'s candidates, sooner than a new booking would be and within `book_within`
+-- seconds: taken for this caller (SPEC §8, a higher class is served first). The booking
+-- moves to `booked`, its quota paid already (the token buckets charged for this caller's
+-- estimate `est` instead of the booker's: settle corrects from it); the waiter it was
+-- taken from finds it gone when it asks at its slot, and books anew. A booking is
+-- "@<call> <rank> <claim s> <est>" in the candidate's alive set, scored by its slot plus
+-- that claim; waiters' claims score at most now plus theirs, so the bookings ahead are
+-- those scored above now plus this caller's claim, and the `TAKE_SCAN` soonest of them
+-- are looked at (as the memory store does). With `floors` (the classes' min_share, ""
+-- for none), a class below its floor keeps its slots (quota_floors.lua). Seconds until
+-- the slot, or nil.
 local TAKE_SCAN = 32
-local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked)
-  local best_alive, best_member, best_slot = nil, nil, nil
+local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked, est)
+  local best, best_member, best_slot, best_est = nil, nil, nil, nil
   for _, b in ipairs(bookable) do
-    local alive = KEYS[6 * b[1]]
-    local soonest = redis.call('ZRANGEBYSCORE', alive, '(' .. fmt(now), '+inf', 'WITHSCORES',
-      'LIMIT', 0, TAKE_SCAN)
+    local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
+      '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
     local kept = {}  -- lower class -> whether its slots here are kept from this caller
-    for k = 1, #soonest, 2 do
-      local r, claim = string.match(soonest[k], '^@%S+ (%d+) (%S+)$')
+    for k = 1, #ahead, 2 do
+      local r, claim, booker_est = string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+)$')
       r = tonumber(r)
       if r and r > rank and floors ~= '' and kept[r] == nil then
         kept[r] = kept_from(KEYS[6 * b[1] - 4], rank, r, floors)
       end
       if r and r > rank and not kept[r] then
-        local slot = tonumber(soonest[k + 1]) - tonumber(claim)
-        if best_slot == nil or slot < best_slot then
-          best_alive, best_member, best_slot = alive, soonest[k], slot
+        local slot = tonumber(ahead[k + 1]) - tonumber(claim)
+        if slot > now and (best_slot == nil or slot < best_slot) then
+          best, best_member, best_slot, best_est = b, ahead[k], slot, tonumber(booker_est)
         end
       end
     end
   end
   if best_slot == nil or best_slot - now > book_within then return nil end
-  redis.call('ZREM', best_alive, best_member)
-  redis.call('ZADD', best_alive, best_slot + claim_s, booked)
-  return math.max(best_slot - now, 0)
+  local _, fresh = fresh_slot(bookable, now)
+  if best_slot > fresh then return nil end  -- a new booking comes sooner
+  for _, d in ipairs(best[2]) do  -- the token buckets: this caller's estimate, not the booker's
+    if d[5] == 'tok' or d[5] == 'ltok' then
+      redis.call('HSET', d[4], d[5], fmt(d[1] + charge_s(est, d[3]) - charge_s(best_est, d[3])))
+    end
+  end
+  local alive = KEYS[6 * best[1]]
+  redis.call('ZREM', alive, best_member)
+  redis.call('ZADD', alive, best_slot + claim_s, booked)
+  return best_slot - now
 end

@@ -3,7 +3,7 @@
 
 -- include: serving
 
--- The live waiter served next (its class, its fair share: standing.lua) gets the
+-- The live waiter served next (its class, its fair share: serving.lua) gets the
 -- permit just freed: it is held for the waiter until its claim ends, and the waiter's
 -- process is told (one message), or, when it is the caller's own process, named in
 -- the reply (`local_wakes`). Waiters whose claim has ended are dropped on the way.

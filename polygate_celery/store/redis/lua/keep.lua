@@ -7,13 +7,13 @@
 --
 -- KEYS[4i-3]  {p}:v1:src:<name>:permits  ZSET  permit id -> lease expiry (admit.lua)
 -- KEYS[4i-2]  {p}:v1:src:<name>:state    HASH  mode probe limit paused_until; the fair
---                                                queuing fields (standing.lua)
+--                                                queuing fields (serving.lua)
 -- KEYS[4i-1]  {p}:v1:src:<name>:queue    ZSET  waiter -> its place (admit.lua)
 -- KEYS[4i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (admit.lua)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  the caller's origin (its process)
 -- ARGV[3]  the wake-up channel of origin X is this text followed by X
--- ARGV[4..5]  core.standing's RANK_SPAN and DECAY (standing.lua)
+-- ARGV[4..5]  core.standing's RANK_SPAN and DECAY (serving.lua)
 -- ARGV[6..] per source i, in KEYS' order: name, cap, initial AIMD limit (0: the cap),
 --          k (its places), then k pairs: call id, claim seconds as the call's admit
 --          sent them (the waiter is "<origin> <call id> <claim s>")
