@@ -197,6 +197,30 @@ MUTATIONS = (
         'chosen = "park"',
         ("tests/celery/test_outcomes.py",),
     ),
+    Mutation(
+        "quota-class-takes",
+        "a caller waiting for a quota takes the soonest slot a lower class booked (Redis)",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "      if r and r > rank and not kept[r] then\n",
+        "      if false then\n",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
+        "quota-floor-kept",
+        "a class below its floor of a quota's slots keeps them from a higher class (Redis)",
+        "polygate_celery/store/redis/lua/quota_floors.lua",
+        "  return best == victim\n",
+        "  return false\n",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
+        "quota-take-tokens",
+        "a taken slot's token buckets are charged for the taker's estimate (Redis)",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "    if d[5] == 'tok' or d[5] == 'ltok' then\n",
+        "    if false then\n",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
 )
 
 
