@@ -182,8 +182,7 @@ class Gateway:
         tenant: str | None = None,
         **params: Any,
     ) -> CallResult:
-        """A chat completion, governed as `call` is (raising what it raises); the result's
-        `value` is a `ChatResult` (`text`, `finish_reason`).
+        """A chat completion, governed as `call` is (raising what it raises).
 
         Args:
             scope: A scope of kind ``chat``.
@@ -194,6 +193,9 @@ class Gateway:
             priority: As in `call`.
             tenant: As in `call`.
             **params: Sent to the provider as they are (temperature, max_tokens, ...).
+
+        Returns:
+            A `CallResult` whose `value` is a `ChatResult` (`text`, `finish_reason`).
         """
         request = ChatRequest(list(messages), params, stream)
         return await self.call(
@@ -210,7 +212,7 @@ class Gateway:
         tenant: str | None = None,
     ) -> CallResult:
         """Embeddings of `inputs`, in one batched request, governed as `call` is (raising
-        what it raises); the result's `value` is an `EmbeddingResult` (`vectors`, in order).
+        what it raises).
 
         Args:
             scope: A scope of kind ``embedding``.
@@ -218,6 +220,9 @@ class Gateway:
             fail_fast: As in `call`.
             priority: As in `call`.
             tenant: As in `call`.
+
+        Returns:
+            A `CallResult` whose `value` is an `EmbeddingResult` (`vectors`, in order).
         """
         request = EmbeddingRequest.of(inputs)
         return await self.call(
@@ -235,8 +240,7 @@ class Gateway:
         priority: str | None = None,
         tenant: str | None = None,
     ) -> CallResult:
-        """The text in `image`, governed as `call` is (raising what it raises); the result's
-        `value` is an `OcrResult` (`text`).
+        """The text in `image`, governed as `call` is (raising what it raises).
 
         Args:
             scope: A scope of kind ``ocr``.
@@ -247,6 +251,9 @@ class Gateway:
             fail_fast: As in `call`.
             priority: As in `call`.
             tenant: As in `call`.
+
+        Returns:
+            A `CallResult` whose `value` is an `OcrResult` (`text`).
         """
         request = OcrRequest(image, mime, prompt)
         return await self.call(
