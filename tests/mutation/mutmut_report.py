@@ -171,6 +171,16 @@ EQUIVALENT |= {
 
 STANDING = "polygate_celery.core.standing."
 EQUIVALENT |= {
+    STANDING + "x_tag__mutmut_6": Equivalent(
+        "finish is None or finish <= virtual else finish",
+        "where the tenant's last tag equals the class's virtual time, both branches start "
+        "the tag at that same value",
+    ),
+    STANDING + "x_rank_of__mutmut_2": Equivalent(
+        "return int(score_ / RANK_SPAN)",
+        "scores are never negative (a tag is at least 1 / weight above a virtual time that "
+        "starts at 0), and for those `int` of the quotient floors as `//` does",
+    ),
     STANDING + "x_next_class__mutmut_9": Equivalent(
         "if floor < 0:",
         "a class of floor 0 is then looked at, but its share (never negative) is never "

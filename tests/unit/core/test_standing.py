@@ -11,10 +11,13 @@ from polygate_celery.core.standing import (
     RANK_SPAN,
     corrected,
     next_class,
+    per_class,
+    per_rank,
     rank_of,
     score,
     served_counts,
     tag,
+    trimmed,
 )
 
 
@@ -103,3 +106,38 @@ def test_the_next_class_at_the_edges_of_its_floor(
     waiting: list[int], counts: dict[int, float], floors: tuple[float, ...], served: int
 ) -> None:
     assert next_class(waiting, counts, floors) == served
+
+
+def test_a_tag_is_capped_just_below_the_next_class() -> None:
+    assert score(0, RANK_SPAN) == RANK_SPAN - 1
+    assert score(1, 5.0) == RANK_SPAN + 5.0
+
+
+@pytest.mark.parametrize(
+    ("finish", "virtual", "est", "used", "moved_to"),
+    [
+        (10.0, 10.0, 100, 50, 10.0),  # at the virtual time: its next call starts there anyway
+        (20.0, 10.0, 1, 0, 20.0),  # no tokens used counts as one, as the estimate did
+        (20.0, 10.0, 1, 5, 24.0),
+        (20.0, 10.0, 0, 5, 24.0),  # an estimate of none counted one
+    ],
+)
+def test_a_correction_moves_a_tenant_ahead_by_the_tokens_it_did_not_estimate(
+    finish: float, virtual: float, est: int, used: int, moved_to: float
+) -> None:
+    assert corrected(finish, virtual, est, used, 1.0) == moved_to
+
+
+def test_calls_are_counted_per_class_the_last_class_taking_any_rank_beyond() -> None:
+    assert per_class([0, 0, 2, 9]) == (2, 0, 1, 0, 0, 0, 0, 1)
+    assert per_class([]) == ()
+
+
+def test_grant_counters_by_rank_keep_their_gaps() -> None:
+    assert per_rank({0: 2.0, 2: 1.0}) == (2.0, 0.0, 1.0)
+
+
+def test_only_trailing_zeros_are_trimmed() -> None:
+    assert trimmed([1, 0, 2, 0, 0]) == (1, 0, 2)
+    assert trimmed([1, 2, 0]) == (1, 2)
+    assert trimmed([0, 0]) == ()
