@@ -172,15 +172,15 @@ def take_lower(
     fresh_slot: float,
     now: float,
 ) -> float | None:
-    """A slot ahead that a waiter of a class below the caller's (a greater rank) booked
-    at one of `candidates`, no later than a new booking's (`fresh_slot`) and within
-    `book_within_s`: taken for the caller (SPEC §8, a higher class is served first), its
-    quota paid already (the token buckets charged for the caller's estimate instead of
-    the booker's). The waiter it was taken from finds its booking gone when it asks at
-    its slot, and books anew. A class below its floor of the slots used there
-    (`core.standing.next_class` of the two) keeps its slots. Looks at the `TAKE_SCAN`
-    soonest bookings ahead of each candidate. Seconds until the slot, or None (as
-    admit_booking.lua's `take_lower`)."""
+    """A slot ahead that a waiter of a class the caller's is served before booked at one
+    of `candidates` (`core.standing.next_class` of the two, on the slots each used there:
+    a lower class, unless it is below its floor; a higher one, if the caller's is below
+    its floor and further), no later than a new booking's (`fresh_slot`) and within
+    `book_within_s`: taken for the caller (SPEC §8), its quota paid already (the token
+    buckets charged for the caller's estimate instead of the booker's). The waiter it
+    was taken from finds its booking gone when it asks at its slot, and books anew.
+    Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate. Seconds until the
+    slot, or None (as admit_booking.lua's `take_lower`)."""
     rank, floors = request.standing.rank, request.standing.floors
     best: tuple[float, SourceTerms, SourceState, str] | None = None
     for terms, state in candidates:
@@ -191,11 +191,11 @@ def take_lower(
         )
         for _, other in ahead[:TAKE_SCAN]:
             slot, _, other_rank, _ = state.booked[other]
-            lower = int(other_rank)
-            if lower <= rank or slot <= now or (best is not None and slot >= best[0]):
+            theirs = int(other_rank)
+            if theirs == rank or slot <= now or (best is not None and slot >= best[0]):
                 continue
-            if floors and next_class([rank, lower], state.slots_used, floors) == lower:
-                continue  # below its floor, further than the taker: kept
+            if next_class([rank, theirs], state.slots_used, floors) != rank:
+                continue  # theirs is served first: higher, or below its floor
             best = (slot, terms, state, other)
     if best is None or best[0] - now > request.book_within_s or best[0] > fresh_slot:
         return None

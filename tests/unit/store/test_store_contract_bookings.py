@@ -216,3 +216,20 @@ async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None
     after = await h.deny(tpm, est_tokens=1000)
     assert before.reopen_in_s is not None
     assert after.reopen_in_s == pytest.approx(before.reopen_in_s + 9.9)  # (1000 - 10) / 100
+
+
+async def test_a_class_below_its_floor_takes_a_higher_classs_slot(h: Harness) -> None:
+    """Batch's floor is half the slots used and it has used none: a batch caller takes
+    the soonest slot interactive booked, and the interactive caller books anew."""
+    floors = (0.0, 0.5)
+    interactive, batch = Standing(rank=0, floors=floors), Standing(rank=1, floors=floors)
+    first = await drain(h, RPM)
+    assert first.reopen_in_s is not None
+    for caller in ("i1", "i2"):
+        await h.deny(RPM, waiter=caller, standing=interactive, **WITHIN)
+    taken = await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(first.reopen_in_s)  # i1's
+    h.clock.advance(first.reopen_in_s)
+    again = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
+    assert again.booked_in_s == pytest.approx(2.0)  # after i2's: the bucket's next
+    assert isinstance(await h.admit(RPM, waiter="b1", standing=batch, **WITHIN), Grant)

@@ -35,32 +35,36 @@ local function book(bookable, now, book_within, claim_s, booked)
   return best_slot - now
 end
 
--- A slot ahead that a waiter of a class below `rank` (a greater rank) booked at one of
--- `bookable`'s candidates, sooner than a new booking would be and within `book_within`
--- seconds: taken for this caller (SPEC §8, a higher class is served first). The booking
+-- A slot ahead that a waiter of a class this caller's is served before booked at one of
+-- `bookable`'s candidates (a lower class, a greater rank; with `floors`, as
+-- core.standing.next_class of the two says: a class below its floor is served before a
+-- higher one), sooner than a new booking would be and within `book_within` seconds:
+-- taken for this caller (SPEC §8). The booking
 -- moves to `booked`, its quota paid already (the token buckets charged for this caller's
 -- estimate `est` instead of the booker's: settle corrects from it); the waiter it was
 -- taken from finds it gone when it asks at its slot, and books anew. A booking is
 -- "@<call> <rank> <claim s> <est>" in the candidate's alive set, scored by its slot plus
 -- that claim; waiters' claims score at most now plus theirs, so the bookings ahead are
 -- those scored above now plus this caller's claim, and the `TAKE_SCAN` soonest of them
--- are looked at (as the memory store does). With `floors` (the classes' min_share, ""
--- for none), a class below its floor keeps its slots (quota_floors.lua). Seconds until
--- the slot, or nil.
+-- are looked at (as the memory store does). `floors`: the classes' min_share, "" for
+-- none (quota_floors.lua). Seconds until the slot, or nil.
 local TAKE_SCAN = 32
 local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked, est)
   local best, best_member, best_slot, best_est = nil, nil, nil, nil
   for _, b in ipairs(bookable) do
     local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
       '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
-    local kept = {}  -- lower class -> whether its slots here are kept from this caller
+    local first = {}  -- another class -> whether this caller's is served before it here
     for k = 1, #ahead, 2 do
       local r, claim, booker_est = string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+)$')
       r = tonumber(r)
-      if r and r > rank and floors ~= '' and kept[r] == nil then
-        kept[r] = kept_from(KEYS[6 * b[1] - 4], rank, r, floors)
+      if r and r ~= rank and first[r] == nil then
+        first[r] = rank < r
+        if floors ~= '' then
+          first[r] = served_first(KEYS[6 * b[1] - 4], rank, r, floors) == rank
+        end
       end
-      if r and r > rank and not kept[r] then
+      if r and r ~= rank and first[r] then
         local slot = tonumber(ahead[k + 1]) - tonumber(claim)
         if slot > now and (best_slot == nil or slot < best_slot) then
           best, best_member, best_slot, best_est = b, ahead[k], slot, tonumber(booker_est)

@@ -3,8 +3,8 @@
 --
 -- The classes' floors on a quota's booked slots (core.standing): a source's state hash
 -- keeps, per class r, the booked slots it used lately, fq<r> (decayed by DECAY per slot
--- used, as the grant counters of its permits). A class below its floor keeps its slots:
--- a higher class takes none of them (admit_booking.lua's take_lower).
+-- used, as the grant counters of its permits). A class below its floor keeps its slots
+-- from a higher class, and takes theirs (admit_booking.lua's take_lower).
 
 -- `floors` ("" or comma-separated min_share by rank) as a list, and its fields' names.
 local function floors_of(floors)
@@ -29,16 +29,15 @@ local function count_slot(fields, skey, rank, floors)
   end
 end
 
--- Whether class `victim`'s slots at `skey` are kept from class `taker`: of the two, it
--- is the one core.standing.next_class serves first (below its floor, and further below
--- it than the taker).
-local function kept_from(skey, taker, victim, floors)
+-- Which of classes `a` and `b` core.standing.next_class serves first at `skey`: the one
+-- below its floor and furthest below it, if either is, else the higher (the lower rank).
+local function served_first(skey, a, b, floors)
   local fl, names = floors_of(floors)
   local counts = redis.call('HMGET', skey, unpack(names))
   local total = 0
   for r = 1, #names do total = total + tonumber(counts[r] or '0') end
   local best, best_ratio = nil, nil
-  for _, r in ipairs({taker, victim}) do
+  for _, r in ipairs({a, b}) do
     local floor = fl[r + 1] or 0
     if floor > 0 then
       local share = total > 0 and tonumber(counts[r + 1] or '0') / total or 0
@@ -49,5 +48,5 @@ local function kept_from(skey, taker, victim, floors)
       end
     end
   end
-  return best == victim
+  return best or math.min(a, b)
 end
