@@ -332,6 +332,12 @@ def fairness() -> str:
     return "\n".join(table_lines(text, "| run | processes x callers |"))
 
 
+def priority() -> str:
+    """Interactive calls behind a batch backlog on a shared quota, as priority.md has it."""
+    text = (RESULTS / "priority.md").read_text(encoding="utf-8")
+    return "\n".join(table_lines(text, "| phase | interactive calls |"))
+
+
 def fleet() -> str:
     """1,000+ concurrent governed calls under one cap and one quota, as fleet.md has it."""
     text = (RESULTS / "fleet.md").read_text(encoding="utf-8")
@@ -345,6 +351,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "matrix": matrix,
     "demo": demo,
     "fairness": fairness,
+    "priority": priority,
     "fleet": fleet,
 }
 
