@@ -49,6 +49,29 @@ def count_admissions(
     return counts
 
 
+def count_waits(
+    store: Any,
+    on_grant: Callable[[Any, Any, float], None],
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, int]:
+    """Count `store`'s admissions (`count_admissions`) and time each call's wait for a
+    permit, from its first ask to its grant: `on_grant(request, grant, wait_s)`."""
+    first_ask: dict[str, float] = {}
+
+    def granted(request: Any, grant: Any) -> None:
+        on_grant(request, grant, clock() - first_ask.pop(request.call_id))
+
+    counts = count_admissions(store, granted)
+    asked = store.admit
+
+    async def first_asked(request: Any) -> Any:
+        first_ask.setdefault(request.call_id, clock())
+        return await asked(request)
+
+    store.admit = first_asked
+    return counts
+
+
 async def ready_then_wait(spec: dict[str, Any]) -> None:
     """Tell the harness this worker is ready, then wait for its go."""
     from polygate_celery.store.redis import redis_client  # noqa: PLC0415

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._fleet import (  # noqa: E402
     act_as_worker,
     chat_config,
-    count_admissions,
+    count_waits,
     ready_then_wait,
     run_fleet,
 )
@@ -61,24 +61,13 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from polygate_celery.store.redis import RedisStore  # noqa: PLC0415
 
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"], socket_timeout_s=30)
-    first_ask: dict[str, float] = {}
     grants: list[tuple[float, str, float]] = []  # (granted at, class, wait), wall clock
 
-    def granted(request: Any, grant: Any) -> None:
-        now = time.time()
+    def granted(request: Any, grant: Any, wait_s: float) -> None:
         rank = request.standing.rank
-        grants.append(
-            (now, "interactive" if rank == 0 else "batch", now - first_ask.pop(request.call_id))
-        )
+        grants.append((time.time(), "interactive" if rank == 0 else "batch", wait_s))
 
-    counts = count_admissions(store, granted)
-    asked = store.admit
-
-    async def first_asked(request: Any) -> Any:
-        first_ask.setdefault(request.call_id, time.time())
-        return await asked(request)
-
-    store.admit = first_asked  # type: ignore[method-assign]
+    counts = count_waits(store, granted, time.time)
     gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
     await ready_then_wait(spec)
     began = time.time()

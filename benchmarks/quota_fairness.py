@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._fleet import (  # noqa: E402
     act_as_worker,
     chat_config,
-    count_admissions,
+    count_waits,
     ready_then_wait,
     run_fleet,
 )
@@ -54,22 +54,14 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from polygate_celery.store.redis import RedisStore, redis_client  # noqa: PLC0415
 
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"], socket_timeout_s=30)
-    first_ask: dict[str, float] = {}
     waits: list[float] = []
     admitted: list[float] = []  # store time (Redis TIME, seconds since the epoch)
 
-    def granted(request: Any, grant: Any) -> None:
-        waits.append(time.monotonic() - first_ask.pop(request.call_id))
+    def granted(request: Any, grant: Any, wait_s: float) -> None:
+        waits.append(wait_s)
         admitted.append(grant.admitted_at)
 
-    counts = count_admissions(store, granted)
-    asked = store.admit
-
-    async def first_asked(request: Any) -> Any:
-        first_ask.setdefault(request.call_id, time.monotonic())
-        return await asked(request)
-
-    store.admit = first_asked  # type: ignore[method-assign]
+    counts = count_waits(store, granted)
     gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
     client = redis_client(spec["url"], socket_timeout_s=600, connect_timeout_s=60)
     await ready_then_wait(spec)

@@ -185,15 +185,25 @@ async def test_a_class_takes_no_slot_from_its_own_class_or_a_higher_one(h: Harne
     assert isinstance(kept, Grant)
 
 
+# Interactive and batch, batch's floor half the slots used.
+FLOORED = (Standing(rank=0, floors=(0.0, 0.5)), Standing(rank=1, floors=(0.0, 0.5)))
+
+
+async def booked_by(h: Harness, standing: Standing, *callers: str) -> Denial:
+    """The bucket drained, then `callers` of `standing` booking its next slots; the first
+    refusal (its reopening: the first slot)."""
+    first = await drain(h, RPM)
+    assert first.reopen_in_s is not None
+    for caller in callers:
+        await h.deny(RPM, waiter=caller, standing=standing, **WITHIN)
+    return first
+
+
 async def test_a_class_below_its_floor_keeps_its_booked_slots(h: Harness) -> None:
     """Batch's floor is half the slots used: until it has used its share, an interactive
     caller books a slot of its own after batch's; once it has, it takes batch's next."""
-    floors = (0.0, 0.5)
-    interactive, batch = Standing(rank=0, floors=floors), Standing(rank=1, floors=floors)
-    first = await drain(h, RPM)
-    assert first.reopen_in_s is not None
-    for caller in ("b1", "b2"):
-        await h.deny(RPM, waiter=caller, standing=batch, **WITHIN)
+    interactive, batch = FLOORED
+    first = await booked_by(h, batch, "b1", "b2")
     own = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
     assert own.booked_in_s == pytest.approx(first.reopen_in_s + 2.0)  # none taken
     h.clock.advance(first.reopen_in_s)
@@ -221,12 +231,8 @@ async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None
 async def test_a_class_below_its_floor_takes_a_higher_classs_slot(h: Harness) -> None:
     """Batch's floor is half the slots used and it has used none: a batch caller takes
     the soonest slot interactive booked, and the interactive caller books anew."""
-    floors = (0.0, 0.5)
-    interactive, batch = Standing(rank=0, floors=floors), Standing(rank=1, floors=floors)
-    first = await drain(h, RPM)
-    assert first.reopen_in_s is not None
-    for caller in ("i1", "i2"):
-        await h.deny(RPM, waiter=caller, standing=interactive, **WITHIN)
+    interactive, batch = FLOORED
+    first = await booked_by(h, interactive, "i1", "i2")
     taken = await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
     assert taken.booked_in_s == pytest.approx(first.reopen_in_s)  # i1's
     h.clock.advance(first.reopen_in_s)
