@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from polygate_celery.core.breaker import BreakerState, breaker_admit, breaker_reopens_at
 from polygate_celery.core.quota import BOOKING_SLACK_S
-from polygate_celery.core.standing import served_counts
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import AdmitRequest, BlockReason, Denial, Grant, WaitMode
@@ -149,8 +148,6 @@ def _grant(
     state.breaker = say.breaker
     if booking is not None:  # paid when booked
         state.permits.add(permit_id)
-        if request.standing.floors:  # its class's share of the slots used (floors)
-            state.slots_used = served_counts(state.slots_used, request.standing.rank)
     else:
         charge(ledger, terms, state, permit_id, say.quota, now)
     handed_on: list[tuple[str, str]] = []

@@ -18,7 +18,7 @@ from polygate_celery.core.quota import (
     gcra_settle,
     window_wait,
 )
-from polygate_celery.core.standing import PLAIN, next_class
+from polygate_celery.core.standing import PLAIN, next_class, served_counts
 from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import AdmitRequest
 from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
@@ -156,6 +156,8 @@ def book(
         return None
     for dim, tat in zip(dims, tats, strict=True):
         dim.charge(tat)
+    if request.standing.floors:  # its class's share of the slots assigned (floors)
+        state.slots_used = served_counts(state.slots_used, request.standing.rank)
     rank = float(request.standing.rank)
     state.booked[call_id] = [slot, slot + request.claim_s, rank, float(request.est_tokens)]
     return slot - now
@@ -200,10 +202,14 @@ def take_lower(
     if best is None or best[0] - now > request.book_within_s or best[0] > fresh_slot:
         return None
     slot, terms, state, other = best
-    booker_est = int(state.booked.pop(other)[3])
+    _, _, their_rank, booker_est = state.booked.pop(other)
+    if floors:  # the slot is the taker's class's now
+        used = state.slots_used
+        used[rank] = used.get(rank, 0.0) + 1.0
+        used[int(their_rank)] = max(used.get(int(their_rank), 0.0) - 1.0, 0.0)
     for dim in _dims(ledger, terms, state, request.est_tokens, now):
         if dim.tokens:  # charged for the booker's estimate: now for the caller's
-            dim.charge(gcra_settle(dim.tat, booker_est, request.est_tokens, dim.limit))
+            dim.charge(gcra_settle(dim.tat, int(booker_est), request.est_tokens, dim.limit))
     state.booked[call_id] = [slot, slot + request.claim_s, float(rank), float(request.est_tokens)]
     return slot - now
 

@@ -200,32 +200,18 @@ async def booked_by(h: Harness, standing: Standing, *callers: str) -> Denial:
 
 
 async def test_a_class_below_its_floor_keeps_its_booked_slots(h: Harness) -> None:
-    """Batch's floor is half the slots used: until it has used its share, an interactive
-    caller books a slot of its own after batch's; once it has, it takes batch's next."""
+    """Batch's floor is half the slots assigned: interactive callers take batch's slots
+    while batch keeps half of them; then a third books a slot of its own after batch's."""
     interactive, batch = FLOORED
-    first = await booked_by(h, batch, "b1", "b2")
-    own = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
-    assert own.booked_in_s == pytest.approx(first.reopen_in_s + 2.0)  # none taken
-    h.clock.advance(first.reopen_in_s)
-    assert isinstance(await h.admit(RPM, waiter="b1", standing=batch, **WITHIN), Grant)
-    taken = await h.deny(RPM, waiter="i2", standing=interactive, **WITHIN)
-    assert taken.booked_in_s == pytest.approx(1.0)  # b2's: batch has had its share
-
-
-async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None:
-    """The booker's quota paid its own estimate; the caller taking the slot is charged its
-    own instead (settle corrects from it): the bucket reopens later by the difference."""
-    tpm = SourceTerms("tpm", 10, quota=QuotaTerms("tpm-key", tpm=6000))  # 100 a second
-    for cost in (1000, 10):  # the burst spent, to the last ten tokens
-        while isinstance(answer := await h.admit(tpm, est_tokens=cost), Grant):
-            await h.settle(answer, tpm)
-    await h.deny(tpm, waiter="b1", standing=BATCH, est_tokens=10, **WITHIN)
-    before = await h.deny(tpm, est_tokens=1000)
-    taken = await h.deny(tpm, waiter="i1", standing=INTERACTIVE, est_tokens=1000, **WITHIN)
-    assert taken.booked_in_s is not None
-    after = await h.deny(tpm, est_tokens=1000)
-    assert before.reopen_in_s is not None
-    assert after.reopen_in_s == pytest.approx(before.reopen_in_s + 9.9)  # (1000 - 10) / 100
+    first = await booked_by(h, batch, "b1", "b2", "b3")
+    assert first.reopen_in_s is not None
+    for caller, slot in (("i1", 0.0), ("i2", 1.0)):  # b1's, then b2's (batch still 1 in 2)
+        taken = await h.deny(RPM, waiter=caller, standing=interactive, **WITHIN)
+        assert taken.booked_in_s == pytest.approx(first.reopen_in_s + slot)
+    own = await h.deny(RPM, waiter="i3", standing=interactive, **WITHIN)
+    assert own.booked_in_s == pytest.approx(first.reopen_in_s + 3.0)  # batch: 1 in 3 now
+    h.clock.advance(first.reopen_in_s + 2.0)
+    assert isinstance(await h.admit(RPM, waiter="b3", standing=batch, **WITHIN), Grant)
 
 
 async def test_a_class_below_its_floor_takes_a_higher_classs_slot(h: Harness) -> None:

@@ -270,10 +270,6 @@ for i = 1, n do
       fields[#fields + 1] = 'lwleft'; fields[#fields + 1] = fmt(wleft)
     end
     if ltpm > 0 and est > 0 then fields[#fields + 1] = 'ltok'; fields[#fields + 1] = ltok end
-    if slot and s_floors ~= '' then  -- a booked slot used: its class's share (floors)
-      -- include: quota_floors
-      count_slot(fields, skey, s_rank, s_floors)
-    end
     if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
     if slot then redis.call('ZREM', KEYS[6 * i], booked) end  -- paid when booked
     if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', req_tat, 'tok', tok_tat) end
@@ -326,7 +322,7 @@ elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == n
   -- a slot booked by a lower class is taken first, if any (standing: a class's rank)
   local in_s = ARGV[9] ~= ''
     and take_lower(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est)
-  if not in_s then in_s = book(bookable, now, book_within, claim_s, booked) end
+  if not in_s then in_s = book(bookable, now, book_within, claim_s, booked, s_rank, s_floors) end
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end
     denial[1] = 3

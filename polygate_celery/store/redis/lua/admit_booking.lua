@@ -22,9 +22,10 @@ end
 -- charged as at that slot, and the booking is kept in the candidate's alive ZSET
 -- (KEYS[6i]) as `booked` -> the slot plus `claim_s`. Returns the seconds until the
 -- slot, or nil when none is soon enough.
-local function book(bookable, now, book_within, claim_s, booked)
+local function book(bookable, now, book_within, claim_s, booked, rank, floors)
   local best, best_slot = fresh_slot(bookable, now)
   if best_slot - now > book_within then return nil end
+  if floors ~= '' then count_slot(KEYS[6 * best[1] - 4], rank, nil, floors) end
   for _, d in ipairs(best[2]) do
     local tat = math.max(d[1], best_slot + MARGIN_S) + charge_s(d[2], d[3])
     redis.call('HSET', d[4], d[5], fmt(tat))
@@ -50,7 +51,7 @@ end
 -- none (quota_floors.lua). Seconds until the slot, or nil.
 local TAKE_SCAN = 32
 local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked, est)
-  local best, best_member, best_slot, best_est = nil, nil, nil, nil
+  local best, best_member, best_slot, best_est, best_rank = nil, nil, nil, nil, nil
   for _, b in ipairs(bookable) do
     local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
       '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
@@ -68,6 +69,7 @@ local function take_lower(bookable, now, book_within, rank, floors, claim_s, boo
         local slot = tonumber(ahead[k + 1]) - tonumber(claim)
         if slot > now and (best_slot == nil or slot < best_slot) then
           best, best_member, best_slot, best_est = b, ahead[k], slot, tonumber(booker_est)
+          best_rank = r
         end
       end
     end
@@ -80,6 +82,7 @@ local function take_lower(bookable, now, book_within, rank, floors, claim_s, boo
       redis.call('HSET', d[4], d[5], fmt(d[1] + charge_s(est, d[3]) - charge_s(best_est, d[3])))
     end
   end
+  if floors ~= '' then count_slot(KEYS[6 * best[1] - 4], rank, best_rank, floors) end
   local alive = KEYS[6 * best[1]]
   redis.call('ZREM', alive, best_member)
   redis.call('ZADD', alive, best_slot + claim_s, booked)

@@ -1,10 +1,11 @@
--- quota_floors.lua: included by admit.lua and admit_booking.lua (a line "-- include:
--- quota_floors"), after the constant DECAY; not a script of its own.
+-- quota_floors.lua: included by admit_booking.lua (a line "-- include: quota_floors"),
+-- after the constant DECAY; not a script of its own.
 --
 -- The classes' floors on a quota's booked slots (core.standing): a source's state hash
--- keeps, per class r, the booked slots it used lately, fq<r> (decayed by DECAY per slot
--- used, as the grant counters of its permits). A class below its floor keeps its slots
--- from a higher class, and takes theirs (admit_booking.lua's take_lower).
+-- keeps, per class r, the slots assigned to it lately, fq<r>: a booking counts one (all
+-- decayed by DECAY first, as the grant counters of its permits), a slot taken moves one
+-- from the class it was taken from to the taker's. A class below its floor keeps its
+-- slots from a higher class, and takes theirs (admit_booking.lua's take_lower).
 
 -- `floors` ("" or comma-separated min_share by rank) as a list, and its fields' names.
 local function floors_of(floors)
@@ -16,17 +17,20 @@ local function floors_of(floors)
   return fl, names
 end
 
--- A booked slot of class `rank` used at `skey`: the fields that count it, added to
--- `fields` (the admission's HSET).
-local function count_slot(fields, skey, rank, floors)
+-- A slot assigned at `skey` to class `rank`: booked (`from` nil), or taken from class
+-- `from`.
+local function count_slot(skey, rank, from, floors)
   local _, names = floors_of(floors)
   local counts = redis.call('HMGET', skey, unpack(names))
+  local fields = {}
   for r = 0, #names - 1 do
-    local c = tonumber(counts[r + 1] or '0') * DECAY
-    if r == rank then c = c + 1 end
+    local c = tonumber(counts[r + 1] or '0')
+    if from == nil then c = c * DECAY end
+    if r == rank then c = c + 1 elseif r == from then c = math.max(c - 1, 0) end
     fields[#fields + 1] = names[r + 1]
     fields[#fields + 1] = fmt(c)
   end
+  redis.call('HSET', skey, unpack(fields))
 end
 
 -- Which of classes `a` and `b` core.standing.next_class serves first at `skey`: the one
