@@ -214,6 +214,22 @@ async def test_a_class_below_its_floor_keeps_its_booked_slots(h: Harness) -> Non
     assert isinstance(await h.admit(RPM, waiter="b3", standing=batch, **WITHIN), Grant)
 
 
+async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None:
+    """The booker's quota paid its own estimate; the caller taking the slot is charged its
+    own instead (settle corrects from it): the bucket reopens later by the difference."""
+    tpm = SourceTerms("tpm", 10, quota=QuotaTerms("tpm-key", tpm=6000))  # 100 a second
+    for cost in (1000, 10):  # the burst spent, to the last ten tokens
+        while isinstance(answer := await h.admit(tpm, est_tokens=cost), Grant):
+            await h.settle(answer, tpm)
+    await h.deny(tpm, waiter="b1", standing=BATCH, est_tokens=10, **WITHIN)
+    before = await h.deny(tpm, est_tokens=1000)
+    taken = await h.deny(tpm, waiter="i1", standing=INTERACTIVE, est_tokens=1000, **WITHIN)
+    assert taken.booked_in_s is not None
+    after = await h.deny(tpm, est_tokens=1000)
+    assert before.reopen_in_s is not None
+    assert after.reopen_in_s == pytest.approx(before.reopen_in_s + 9.9)  # (1000 - 10) / 100
+
+
 async def test_a_class_below_its_floor_takes_a_higher_classs_slot(h: Harness) -> None:
     """Batch's floor is half the slots used and it has used none: a batch caller takes
     the soonest slot interactive booked, and the interactive caller books anew."""
