@@ -10,6 +10,7 @@ counts and its CPU.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -165,6 +166,29 @@ def chat_config(base_url: str, model: str, cap: int, rpm: int) -> dict[str, Any]
         },
         "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}},
     }
+
+
+def bucket_provider(model: str, cap: int, rpm: int, latency_s: tuple[float, float]) -> Any:
+    """A simulated provider serving `model` with a cap and an rpm it counts as a token
+    bucket, answering in `latency_s` (a context manager; its ``url`` and ``journal``)."""
+    from polygate_celery.testing.simulator import (  # noqa: PLC0415
+        ModelBehaviour,
+        SimulatedProvider,
+    )
+
+    behaviour = ModelBehaviour(capacity=cap, rpm=rpm, rate_limiter="bucket", latency_s=latency_s)
+    return SimulatedProvider({model: behaviour})
+
+
+def fleet_args(
+    parser: argparse.ArgumentParser, worker: Callable[[dict[str, Any]], Any]
+) -> argparse.Namespace | None:
+    """`parser`'s arguments, with ``--label`` and the worker's ``--worker``; None when
+    this process ran as a worker (`act_as_worker`)."""
+    parser.add_argument("--label", default="this commit")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    return None if act_as_worker(args.worker, worker) else args
 
 
 def act_as_worker(spec_json: str | None, worker: Callable[[dict[str, Any]], Any]) -> bool:

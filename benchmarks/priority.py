@@ -36,9 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._fleet import (  # noqa: E402
-    act_as_worker,
+    bucket_provider,
     chat_config,
     count_waits,
+    fleet_args,
     ready_then_wait,
     run_fleet,
 )
@@ -112,14 +113,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def run(url: str, processes: int, batch_callers: int, warmup_s: float, label: str) -> str:
-    from polygate_celery.testing.simulator import (  # noqa: PLC0415
-        ModelBehaviour,
-        SimulatedProvider,
-    )
-
-    behaviour = ModelBehaviour(capacity=CAP, rpm=RPM, rate_limiter="bucket", latency_s=LATENCY_S)
     run_id = uuid.uuid4().hex[:8]
-    with SimulatedProvider({"prio-model": behaviour}) as provider:
+    with bucket_provider("prio-model", CAP, RPM, LATENCY_S) as provider:
         specs = {
             "base_url": provider.url,
             "prefix": f"prio-{run_id}",
@@ -197,10 +192,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--batch-callers", type=int, default=16)
     parser.add_argument("--warmup-s", type=float, default=45.0)
-    parser.add_argument("--label", default="this commit")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if act_as_worker(args.worker, worker):
+    args = fleet_args(parser, worker)
+    if args is None:
         return
     from tests.redis_server import RedisServer  # noqa: PLC0415
 

@@ -34,9 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._fleet import (  # noqa: E402
-    act_as_worker,
+    bucket_provider,
     chat_config,
     count_waits,
+    fleet_args,
     ready_then_wait,
     run_fleet,
 )
@@ -82,14 +83,8 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run(url: str, processes: int, callers: int, calls: int, label: str) -> str:
-    from polygate_celery.testing.simulator import (  # noqa: PLC0415
-        ModelBehaviour,
-        SimulatedProvider,
-    )
-
-    behaviour = ModelBehaviour(capacity=CAP, rpm=RPM, rate_limiter="bucket", latency_s=LATENCY_S)
     run_id = uuid.uuid4().hex[:8]
-    with SimulatedProvider({"fair-model": behaviour}) as provider:
+    with bucket_provider("fair-model", CAP, RPM, LATENCY_S) as provider:
         spec = {
             "base_url": provider.url,
             "prefix": f"fair-{run_id}",
@@ -137,10 +132,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--callers", type=int, default=4)
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--label", default="this commit")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if act_as_worker(args.worker, worker):
+    args = fleet_args(parser, worker)
+    if args is None:
         return
     from tests.redis_server import RedisServer  # noqa: PLC0415
 

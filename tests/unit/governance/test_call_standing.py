@@ -30,40 +30,46 @@ def classes_config(**source: Any) -> GatewayConfig:
     )
 
 
+async def standings_asked(
+    clock: VirtualClock,
+    gateway: GatewayFactory,
+    config: GatewayConfig,
+    *calls: dict[str, str],
+) -> list[Standing]:
+    """The standing each admission of `calls` (their `priority` and `tenant`) carried."""
+    store = RecordingStore(clock)
+    gw = gateway(config, {"a": Answers(Outcome.success("ok"))}, store=store)
+    for options in calls:
+        await gw.call("s", "x", **options)
+    await gw.aclose()
+    return [request.standing for request in store.asked]
+
+
 async def test_a_calls_class_and_tenant_reach_the_store(
     clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
-    store = RecordingStore(clock)
-    gw = own_store_gateway(classes_config(), {"a": Answers(Outcome.success("ok"))}, store=store)
-    await gw.call("s", "x", priority="batch", tenant="acme")
-    (request,) = store.asked
-    assert request.standing == Standing(rank=1, tenant="acme", weight=5.0, floors=(0.0, 0.2, 0.0))
-    await gw.aclose()
+    (standing,) = await standings_asked(
+        clock, own_store_gateway, classes_config(), {"priority": "batch", "tenant": "acme"}
+    )
+    assert standing == Standing(rank=1, tenant="acme", weight=5.0, floors=(0.0, 0.2, 0.0))
 
 
 async def test_a_call_naming_neither_is_in_the_default_class_with_no_tenant(
     clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
-    store = RecordingStore(clock)
-    gw = own_store_gateway(classes_config(), {"a": Answers(Outcome.success("ok"))}, store=store)
-    await gw.call("s", "x")
-    await gw.call("s", "y", tenant="someone")
-    first, second = store.asked
-    assert first.standing == Standing(rank=2, tenant="", weight=1.0, floors=(0.0, 0.2, 0.0))
-    assert second.standing == Standing(rank=2, tenant="someone", weight=1.0, floors=(0.0, 0.2, 0.0))
-    await gw.aclose()
+    first, second = await standings_asked(
+        clock, own_store_gateway, classes_config(), {}, {"tenant": "someone"}
+    )
+    assert first == Standing(rank=2, tenant="", weight=1.0, floors=(0.0, 0.2, 0.0))
+    assert second == Standing(rank=2, tenant="someone", weight=1.0, floors=(0.0, 0.2, 0.0))
 
 
 async def test_without_classes_or_tenant_every_call_carries_the_shared_plain_standing(
     clock: VirtualClock, own_store_gateway: GatewayFactory
 ) -> None:
-    store = RecordingStore(clock)
-    gw = own_store_gateway(make_config("chat"), {"a": Answers(Outcome.success("ok"))}, store=store)
-    await gw.call("s", "x")
-    await gw.call("s", "y")
-    assert [request.standing for request in store.asked] == [PLAIN, PLAIN]
-    assert all(request.standing is PLAIN for request in store.asked)
-    await gw.aclose()
+    standings = await standings_asked(clock, own_store_gateway, make_config("chat"), {}, {})
+    assert standings == [PLAIN, PLAIN]
+    assert all(standing is PLAIN for standing in standings)
 
 
 async def test_the_standing_is_resolved_once_per_call_not_per_admission(
