@@ -13,7 +13,9 @@ again from 0 when its queue empties, so they stay small.
 A class's floor (`min_share`) is the share of grants it keeps while it has
 waiters: at each hand-over, a class with waiters whose share of the recent grants
 (counters decayed by `DECAY` per grant) is below its floor is served before the
-higher classes. The stores keep the state (the tags, the counters); these
+higher classes. On a quota, whose slots are assigned when they are booked, a slot a
+higher class may take from a lower one is judged with that slot counted for
+neither (`without_slot`). The stores keep the state (the tags, the counters); these
 functions decide, and the Redis scripts mirror them (`standing.lua`).
 """
 
@@ -89,6 +91,25 @@ def served_counts(counts: Mapping[int, float], rank: int) -> dict[int, float]:
     decayed = {r: c * DECAY for r, c in counts.items()}
     decayed[rank] = decayed.get(rank, 0.0) + 1.0
     return decayed
+
+
+def taken_counts(counts: Mapping[int, float], rank: int, taken_from: int) -> dict[int, float]:
+    """A quota's slot counters after class `rank` took a slot class `taken_from` had
+    booked (SPEC §8): the slot moves from one to the other."""
+    moved = dict(counts)
+    moved[taken_from] = max(moved.get(taken_from, 0.0) - 1.0, 0.0)
+    moved[rank] = moved.get(rank, 0.0) + 1.0
+    return moved
+
+
+def without_slot(counts: Mapping[int, float], booker: int) -> dict[int, float]:
+    """The counters a take of a slot class `booker` booked is judged on: that slot counted
+    for nobody. Judged with it counted as the booker's, a class at its floor would lose
+    every slot it is given (its share reaches the floor with the slot, and drops below it
+    once the slot is taken), and keep less than its floor."""
+    judged = dict(counts)
+    judged[booker] = max(judged.get(booker, 0.0) - 1.0, 0.0)
+    return judged
 
 
 def next_class(waiting: Sequence[int], counts: Mapping[int, float], floors: Sequence[float]) -> int:

@@ -214,6 +214,14 @@ MUTATIONS = (
         ("tests/unit/store/test_store_contract_bookings.py",),
     ),
     Mutation(
+        "quota-floor-without-slot",
+        "a take of a booked slot is judged with that slot counted for neither class (Redis)",
+        "polygate_celery/store/redis/lua/quota_floors.lua",
+        "  counts[booker + 1] = math.max(tonumber(counts[booker + 1] or '0') - 1, 0)\n",
+        "",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
         "quota-take-tokens",
         "a taken slot's token buckets are charged for the taker's estimate (Redis)",
         "polygate_celery/store/redis/lua/admit_booking.lua",

@@ -18,7 +18,13 @@ from polygate_celery.core.quota import (
     gcra_settle,
     window_wait,
 )
-from polygate_celery.core.standing import PLAIN, next_class, served_counts
+from polygate_celery.core.standing import (
+    PLAIN,
+    next_class,
+    served_counts,
+    taken_counts,
+    without_slot,
+)
 from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import AdmitRequest
 from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
@@ -175,11 +181,12 @@ def take_lower(
     now: float,
 ) -> float | None:
     """A slot ahead that a waiter of a class the caller's is served before booked at one
-    of `candidates` (`core.standing.next_class` of the two, on the slots each used there:
-    a lower class, unless it is below its floor; a higher one, if the caller's is below
-    its floor and further), no later than a new booking's (`fresh_slot`) and within
-    `book_within_s`: taken for the caller (SPEC §8), its quota paid already (the token
-    buckets charged for the caller's estimate instead of the booker's). The waiter it
+    of `candidates` (`core.standing.next_class` of the two, on the slots assigned there,
+    that one counted for neither (`without_slot`): a lower class, unless it is below its
+    floor; a higher one, if the caller's is below its floor and further), no later than
+    a new booking's (`fresh_slot`) and within `book_within_s`: taken for the caller
+    (SPEC §8), its quota paid already (the token buckets charged for the caller's
+    estimate instead of the booker's). The waiter it
     was taken from finds its booking gone when it asks at its slot, and books anew.
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate. Seconds until the
     slot, or None (as admit_booking.lua's `take_lower`)."""
@@ -196,7 +203,7 @@ def take_lower(
             theirs = int(other_rank)
             if theirs == rank or slot <= now or (best is not None and slot >= best[0]):
                 continue
-            if next_class([rank, theirs], state.slots_used, floors) != rank:
+            if next_class([rank, theirs], without_slot(state.slots_used, theirs), floors) != rank:
                 continue  # theirs is served first: higher, or below its floor
             best = (slot, terms, state, other)
     if best is None or best[0] - now > request.book_within_s or best[0] > fresh_slot:
@@ -204,9 +211,7 @@ def take_lower(
     slot, terms, state, other = best
     _, _, their_rank, booker_est = state.booked.pop(other)
     if floors:  # the slot is the taker's class's now
-        used = state.slots_used
-        used[rank] = used.get(rank, 0.0) + 1.0
-        used[int(their_rank)] = max(used.get(int(their_rank), 0.0) - 1.0, 0.0)
+        state.slots_used = taken_counts(state.slots_used, rank, int(their_rank))
     for dim in _dims(ledger, terms, state, request.est_tokens, now):
         if dim.tokens:  # charged for the booker's estimate: now for the caller's
             dim.charge(gcra_settle(dim.tat, int(booker_est), request.est_tokens, dim.limit))

@@ -17,7 +17,9 @@ from polygate_celery.core.standing import (
     score,
     served_counts,
     tag,
+    taken_counts,
     trimmed,
+    without_slot,
 )
 
 
@@ -76,6 +78,40 @@ def test_a_floor_holds_over_many_grants() -> None:
         counts = served_counts(counts, rank)
         served.append(rank)
     assert abs(sum(served[200:]) / 800 - 0.1) < 0.01
+
+
+def test_a_taken_slot_moves_from_one_class_to_the_other() -> None:
+    assert taken_counts({0: 5.0, 1: 5.0}, 0, 1) == {0: 6.0, 1: 4.0}
+    assert taken_counts({0: 5.0, 1: 0.5}, 0, 1) == {0: 6.0, 1: 0.0}  # never below 0
+    assert taken_counts({}, 1, 0) == {0: 0.0, 1: 1.0}
+
+
+def test_a_take_is_judged_with_the_slot_counted_for_nobody() -> None:
+    assert without_slot({0: 9.0, 1: 1.5}, 1) == {0: 9.0, 1: 0.5}
+    assert without_slot({0: 9.0}, 1) == {0: 9.0, 1: 0.0}
+    # batch's 1.5 of 10.5 is above a tenth with the slot, below it without
+    assert next_class([0, 1], {0: 9.0, 1: 1.5}, (0.0, 0.1)) == 0
+    assert next_class([0, 1], without_slot({0: 9.0, 1: 1.5}, 1), (0.0, 0.1)) == 1
+
+
+@pytest.mark.parametrize("floor", [0.05, 0.1, 0.2, 0.3])
+def test_a_class_keeps_its_floor_of_the_slots_it_books_while_a_higher_class_takes_them(
+    floor: float,
+) -> None:
+    """Each slot is booked by batch (a booking counts one, all decayed), then a higher
+    caller takes it unless that leaves batch below its floor: batch keeps its floor of
+    the slots, to within a hundredth, once its counters have forgotten the start."""
+    floors = (0.0, floor)
+    counts: dict[int, float] = {}
+    kept = []
+    for _ in range(600):
+        counts = served_counts(counts, 1)
+        if next_class([0, 1], without_slot(counts, 1), floors) == 0:
+            counts = taken_counts(counts, 0, 1)
+            kept.append(0)
+        else:
+            kept.append(1)
+    assert floor <= sum(kept[200:]) / 400 <= floor + 0.015
 
 
 def test_a_backlogged_tenants_tag_moves_by_the_tokens_used_over_its_weight() -> None:

@@ -200,18 +200,36 @@ async def booked_by(h: Harness, standing: Standing, *callers: str) -> Denial:
 
 
 async def test_a_class_below_its_floor_keeps_its_booked_slots(h: Harness) -> None:
-    """Batch's floor is half the slots assigned: interactive callers take batch's slots
-    while batch keeps half of them; then a third books a slot of its own after batch's."""
+    """Batch's floor is half the slots assigned. Of batch's three slots the first
+    interactive caller takes the soonest; the next would leave batch below half of the
+    others (a take is judged with the slot in question counted for neither), so it books
+    a slot of its own after batch's, and batch's callers are admitted at theirs."""
     interactive, batch = FLOORED
     first = await booked_by(h, batch, "b1", "b2", "b3")
     assert first.reopen_in_s is not None
-    for caller, slot in (("i1", 0.0), ("i2", 1.0)):  # b1's, then b2's (batch still 1 in 2)
-        taken = await h.deny(RPM, waiter=caller, standing=interactive, **WITHIN)
-        assert taken.booked_in_s == pytest.approx(first.reopen_in_s + slot)
-    own = await h.deny(RPM, waiter="i3", standing=interactive, **WITHIN)
-    assert own.booked_in_s == pytest.approx(first.reopen_in_s + 3.0)  # batch: 1 in 3 now
-    h.clock.advance(first.reopen_in_s + 2.0)
+    taken = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(first.reopen_in_s)  # b1's
+    own = await h.deny(RPM, waiter="i2", standing=interactive, **WITHIN)
+    assert own.booked_in_s == pytest.approx(first.reopen_in_s + 3.0)  # after batch's
+    h.clock.advance(first.reopen_in_s + 1.0)
+    assert isinstance(await h.admit(RPM, waiter="b2", standing=batch, **WITHIN), Grant)
+    h.clock.advance(1.0)
     assert isinstance(await h.admit(RPM, waiter="b3", standing=batch, **WITHIN), Grant)
+
+
+async def test_a_class_at_its_floor_without_the_slot_gives_it_up(h: Harness) -> None:
+    """Batch's floor is a tenth. Below it (nothing assigned yet), its caller takes the
+    soonest slot interactive booked; the next interactive caller takes it back only once
+    batch holds a tenth of the other slots: after ten more interactive bookings, not at
+    once."""
+    interactive = Standing(rank=0, floors=(0.0, 0.1))
+    batch = Standing(rank=1, floors=(0.0, 0.1))
+    first = await booked_by(h, interactive, *(f"i{n}" for n in range(9)))
+    assert first.reopen_in_s is not None
+    taken = await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(first.reopen_in_s)  # i0's
+    kept = await h.deny(RPM, waiter="i9", standing=interactive, **WITHIN)
+    assert kept.booked_in_s == pytest.approx(first.reopen_in_s + 9.0)  # a slot of its own
 
 
 async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None:

@@ -38,8 +38,8 @@ end
 
 -- A slot ahead that a waiter of a class this caller's is served before booked at one of
 -- `bookable`'s candidates (a lower class, a greater rank; with `floors`, as
--- core.standing.next_class of the two says: a class below its floor is served before a
--- higher one), sooner than a new booking would be and within `book_within` seconds:
+-- core.standing.next_class of the two says, the slot counted for neither: a class below
+-- its floor is served before a higher one), sooner than a new booking would be and within `book_within` seconds:
 -- taken for this caller (SPEC §8). The booking
 -- moves to `booked`, its quota paid already (the token buckets charged for this caller's
 -- estimate `est` instead of the booker's: settle corrects from it); the waiter it was
@@ -62,7 +62,7 @@ local function take_lower(bookable, now, book_within, rank, floors, claim_s, boo
       if r and r ~= rank and first[r] == nil then
         first[r] = rank < r
         if floors ~= '' then
-          first[r] = served_first(KEYS[6 * b[1] - 4], rank, r, floors) == rank
+          first[r] = served_first(KEYS[6 * b[1] - 4], rank, r, floors, r) == rank
         end
       end
       if r and r ~= rank and first[r] then

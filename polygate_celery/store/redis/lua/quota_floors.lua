@@ -35,9 +35,12 @@ end
 
 -- Which of classes `a` and `b` core.standing.next_class serves first at `skey`: the one
 -- below its floor and furthest below it, if either is, else the higher (the lower rank).
-local function served_first(skey, a, b, floors)
+-- The slot in question, booked by class `booker`, counts for neither
+-- (core.standing.without_slot).
+local function served_first(skey, a, b, floors, booker)
   local fl, names = floors_of(floors)
   local counts = redis.call('HMGET', skey, unpack(names))
+  counts[booker + 1] = math.max(tonumber(counts[booker + 1] or '0') - 1, 0)
   local total = 0
   for r = 1, #names do total = total + tonumber(counts[r] or '0') end
   local best, best_ratio = nil, nil
