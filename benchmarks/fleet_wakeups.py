@@ -1,7 +1,7 @@
 """Wake-ups under contention: what one acquisition costs as a fleet grows.
 
 Run: ``.venv/bin/python benchmarks/fleet_wakeups.py [--processes 1,2,4,8,16,32]
-[--callers 64] [--acquisitions 2000] [--label NAME]`` (a private ``redis-server``,
+[--callers 64] [--acquisitions 2000] [--label NAME] [--classes]`` (a private ``redis-server``,
 so its command counts and CPU are this run's alone). Prints a Markdown table;
 `benchmarks/results/fleet_wakeups.md` holds the committed runs.
 
@@ -15,6 +15,11 @@ scripts' calls and the commands inside them, and the subscriptions); Redis CPU a
 the workers' CPU per acquisition; the wait for a permit (from the call's start to
 its source being called), median, p99 and the slowest, beside the wait strict
 first-come-first-served order gives at the row's rate ((callers - cap) / rate).
+
+``--classes`` runs the same fleet with two priority classes declared (interactive, and
+batch with a floor of 0.1) and three tenants weighted 1:2:5: one caller in four
+interactive, the tenants in turn (issue 38's cost: the fair queue's tags and the
+floors' counters on every wait and hand-over).
 
 ``--semaphore fifo`` runs the same fleet, holds and waits on a plain FIFO list
 semaphore instead (a list of `cap` tokens: ``BLPOP`` takes one, ``RPUSH`` puts it
@@ -54,6 +59,14 @@ CAP = 4
 # -- the worker process -----------------------------------------------------------------------
 
 
+# With --classes: what the callers' calls carry, one caller in four interactive.
+CLASSES: dict[str, Any] = {
+    "priorities": {"interactive": {}, "batch": {"default": True, "min_share": 0.1}},
+    "tenants": {"a": {"weight": 1}, "b": {"weight": 2}, "c": {"weight": 5}},
+}
+TENANTS = ("a", "b", "c")
+
+
 async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from polygate_celery import Gateway, Outcome, parse_config  # noqa: PLC0415
     from polygate_celery.store.redis import RedisStore  # noqa: PLC0415
@@ -68,24 +81,29 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
             await asyncio.sleep(HOLD_S)
             return Outcome.success("ok")
 
-    config = parse_config(
-        {
-            "sources": {"w": {"max_concurrency": CAP, "timeout_s": 60}},
-            "scopes": {"s": {"kind": "embedding", "sources": ["w"]}},
-        }
-    )
+    declared: dict[str, Any] = {
+        "sources": {"w": {"max_concurrency": CAP, "timeout_s": 60}},
+        "scopes": {"s": {"kind": "embedding", "sources": ["w"]}},
+    }
+    if spec.get("classes"):
+        declared |= CLASSES
+    config = parse_config(declared)
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"])
     counts = count_admissions(store)
     gateway = Gateway(config, {"w": HoldSource()}, store=store)
     await ready_then_wait(spec)
     cpu0 = time.process_time()
 
-    async def caller() -> None:
+    async def caller(k: int) -> None:
+        standing: dict[str, Any] = {}
+        if spec.get("classes"):  # one caller in four interactive; the tenants in turn
+            standing = {"priority": "interactive" if k % 4 == 0 else "batch"}
+            standing["tenant"] = TENANTS[k % len(TENANTS)]
         for _ in range(spec["calls"]):
             started_at[id(asyncio.current_task())] = time.perf_counter()
-            await gateway.call("s", "x")
+            await gateway.call("s", "x", **standing)
 
-    await asyncio.gather(*(asyncio.create_task(caller()) for _ in range(spec["callers"])))
+    await asyncio.gather(*(asyncio.create_task(caller(k)) for k in range(spec["callers"])))
     cpu = time.process_time() - cpu0
     await gateway.aclose()
     await store.aclose()
@@ -125,7 +143,12 @@ def semaphore_worker(spec: dict[str, Any]) -> Any:
 
 
 async def row(
-    url: str, processes: int, callers: int, acquisitions: int, semaphore: str = "governed"
+    url: str,
+    processes: int,
+    callers: int,
+    acquisitions: int,
+    semaphore: str = "governed",
+    classes: bool = False,
 ) -> dict[str, Any]:
     per_process = callers // processes
     calls = -(-acquisitions // (processes * per_process))
@@ -135,6 +158,7 @@ async def row(
         "callers": per_process,
         "calls": calls,
         "semaphore": semaphore,
+        "classes": classes,
         "tokens": f"{{{prefix}}}:tokens",
     }
 
@@ -189,7 +213,9 @@ def table(rows: list[dict[str, Any]], label: str) -> str:
 async def run(args: argparse.Namespace, url: str) -> str:
     rows = []
     for processes in (int(p) for p in args.processes.split(",")):
-        rows.append(await row(url, processes, args.callers, args.acquisitions, args.semaphore))
+        rows.append(
+            await row(url, processes, args.callers, args.acquisitions, args.semaphore, args.classes)
+        )
         print(rows[-1], file=sys.stderr, flush=True)
     head = (
         f"{args.callers} callers in all, cap {CAP}, {HOLD_S * 1000:.1f} ms holds, "
@@ -207,6 +233,11 @@ def main() -> None:
     parser.add_argument("--acquisitions", type=int, default=2000)
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--semaphore", choices=("governed", "fifo"), default="governed")
+    parser.add_argument(
+        "--classes",
+        action="store_true",
+        help="two priority classes (batch's floor 0.1) and three tenants weighted 1:2:5",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if act_as_worker(args.worker, semaphore_worker):

@@ -13,10 +13,11 @@ again from 0 when its queue empties, so they stay small.
 A class's floor (`min_share`) is the share of grants it keeps while it has
 waiters: at each hand-over, a class with waiters whose share of the recent grants
 (counters decayed by `DECAY` per grant) is below its floor is served before the
-higher classes. On a quota, whose slots are assigned when they are booked, a slot a
-higher class may take from a lower one is judged with that slot counted for
-neither (`without_slot`). The stores keep the state (the tags, the counters); these
-functions decide, and the Redis scripts mirror them (`standing.lua`).
+higher classes. On a quota, whose slots are booked ahead and can change hands, a
+class's floor is kept by credit (`used_credits`): a class owed a slot keeps its
+booked slots and takes a higher class's soonest one (`slot_goes_to`). The stores
+keep the state (the tags, the counters, the credits); these functions decide, and
+the Redis scripts mirror them (`standing.lua`, `quota_floors.lua`).
 """
 
 from __future__ import annotations
@@ -93,23 +94,54 @@ def served_counts(counts: Mapping[int, float], rank: int) -> dict[int, float]:
     return decayed
 
 
-def taken_counts(counts: Mapping[int, float], rank: int, taken_from: int) -> dict[int, float]:
-    """A quota's slot counters after class `rank` took a slot class `taken_from` had
-    booked (SPEC §8): the slot moves from one to the other."""
-    moved = dict(counts)
-    moved[taken_from] = max(moved.get(taken_from, 0.0) - 1.0, 0.0)
-    moved[rank] = moved.get(rank, 0.0) + 1.0
-    return moved
+def used_credits(
+    credits: Mapping[int, float], rank: int, floors: Sequence[float]
+) -> dict[int, float]:
+    """A quota's slot credits after a slot was used by class `rank` (SPEC §8). Each class
+    with a floor ``f`` earns ``f`` of every slot another class uses and pays ``1 - f``
+    for each it uses: while it waits and is served as its floor says, its credit goes
+    round between ``-(1 - f)`` and 0, and it is owed a slot (`owed`) at 0. The credit
+    stays within ``[-(1 - f), 1]``: what a class used while no other class wanted the
+    slots is not held against it, and a class with no waiters is owed one slot at most
+    when it comes back."""
+    updated = dict(credits)
+    for class_rank, floor in enumerate(floors):
+        if floor > 0:
+            credit = credit_of(credits, class_rank, floors)
+            credit += floor - 1.0 if class_rank == rank else floor
+            updated[class_rank] = min(max(credit, floor - 1.0), 1.0)
+    return updated
 
 
-def without_slot(counts: Mapping[int, float], booker: int) -> dict[int, float]:
-    """The counters a take of a slot class `booker` booked is judged on: that slot counted
-    for nobody. Judged with it counted as the booker's, a class at its floor would lose
-    every slot it is given (its share reaches the floor with the slot, and drops below it
-    once the slot is taken), and keep less than its floor."""
-    judged = dict(counts)
-    judged[booker] = max(judged.get(booker, 0.0) - 1.0, 0.0)
-    return judged
+def credit_of(credits: Mapping[int, float], rank: int, floors: Sequence[float]) -> float:
+    """Class `rank`'s credit (`used_credits`); one that has none yet starts at its lowest,
+    ``floor - 1``, as one that has just used its share."""
+    floor = floors[rank] if rank < len(floors) else 0.0
+    return credits.get(rank, floor - 1.0)
+
+
+# A credit this close below 0 is 0: ten additions of 0.1 fall short of 1 by a rounding.
+CREDIT_TOLERANCE = 1e-9
+
+
+def owed(credits: Mapping[int, float], rank: int, floors: Sequence[float]) -> bool:
+    """Whether class `rank` is owed a quota slot (`used_credits`): it has a floor, and
+    its credit has come round to 0."""
+    floor = floors[rank] if rank < len(floors) else 0.0
+    return floor > 0 and credit_of(credits, rank, floors) >= -CREDIT_TOLERANCE
+
+
+def slot_goes_to(a: int, b: int, credits: Mapping[int, float], floors: Sequence[float]) -> int:
+    """Which of classes `a` and `b` a quota slot booked ahead goes to: one owed a slot
+    (`owed`; of two, the one owed more), else the higher (the lower rank). A caller of
+    `a` takes a slot `b` booked when it is `a`."""
+    owed_a, owed_b = owed(credits, a, floors), owed(credits, b, floors)
+    if owed_a != owed_b:
+        return a if owed_a else b
+    credit_a, credit_b = credit_of(credits, a, floors), credit_of(credits, b, floors)
+    if owed_a and credit_a != credit_b:
+        return a if credit_a > credit_b else b
+    return min(a, b)
 
 
 def next_class(waiting: Sequence[int], counts: Mapping[int, float], floors: Sequence[float]) -> int:

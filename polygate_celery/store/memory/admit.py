@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from polygate_celery.core.breaker import BreakerState, breaker_admit, breaker_reopens_at
 from polygate_celery.core.quota import BOOKING_SLACK_S
+from polygate_celery.core.standing import used_credits
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import AdmitRequest, BlockReason, Denial, Grant, WaitMode
@@ -150,6 +151,10 @@ def _grant(
         state.permits.add(permit_id)
     else:
         charge(ledger, terms, state, permit_id, say.quota, now)
+    floors = request.standing.floors
+    if floors and (booking is not None or terms.quota is not None or say.quota.learned):
+        # a quota's slot used: the classes' credits on them (floors)
+        state.slot_credits = used_credits(state.slot_credits, request.standing.rank, floors)
     handed_on: list[tuple[str, str]] = []
     if waiter is not None:  # out of every queue; a permit handed to it elsewhere moves on
         for other in request.candidates:

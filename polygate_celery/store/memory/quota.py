@@ -18,13 +18,7 @@ from polygate_celery.core.quota import (
     gcra_settle,
     window_wait,
 )
-from polygate_celery.core.standing import (
-    PLAIN,
-    next_class,
-    served_counts,
-    taken_counts,
-    without_slot,
-)
+from polygate_celery.core.standing import PLAIN, slot_goes_to
 from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import AdmitRequest
 from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
@@ -162,8 +156,6 @@ def book(
         return None
     for dim, tat in zip(dims, tats, strict=True):
         dim.charge(tat)
-    if request.standing.floors:  # its class's share of the slots assigned (floors)
-        state.slots_used = served_counts(state.slots_used, request.standing.rank)
     rank = float(request.standing.rank)
     state.booked[call_id] = [slot, slot + request.claim_s, rank, float(request.est_tokens)]
     return slot - now
@@ -181,15 +173,14 @@ def take_lower(
     now: float,
 ) -> float | None:
     """A slot ahead that a waiter of a class the caller's is served before booked at one
-    of `candidates` (`core.standing.next_class` of the two, on the slots assigned there,
-    that one counted for neither (`without_slot`): a lower class, unless it is below its
-    floor; a higher one, if the caller's is below its floor and further), no later than
-    a new booking's (`fresh_slot`) and within `book_within_s`: taken for the caller
-    (SPEC §8), its quota paid already (the token buckets charged for the caller's
-    estimate instead of the booker's). The waiter it
+    of `candidates`, no later than a new booking's (`fresh_slot`) and within
+    `book_within_s`: taken for the caller (SPEC §8), its quota paid already (the token
+    buckets charged for the caller's estimate instead of the booker's). The waiter it
     was taken from finds its booking gone when it asks at its slot, and books anew.
-    Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate. Seconds until the
-    slot, or None (as admit_booking.lua's `take_lower`)."""
+
+    Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
+    slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`).
+    Seconds until the slot, or None (as admit_booking.lua's `take_lower`)."""
     rank, floors = request.standing.rank, request.standing.floors
     best: tuple[float, SourceTerms, SourceState, str] | None = None
     for terms, state in candidates:
@@ -197,21 +188,18 @@ def take_lower(
             (booking[1], other)
             for other, booking in state.booked.items()
             if booking[1] > now + request.claim_s
-        )
-        for _, other in ahead[:TAKE_SCAN]:
-            slot, _, other_rank, _ = state.booked[other]
-            theirs = int(other_rank)
+        )[:TAKE_SCAN]
+        for _, other in ahead:
+            slot, theirs = state.booked[other][0], int(state.booked[other][2])
             if theirs == rank or slot <= now or (best is not None and slot >= best[0]):
                 continue
-            if next_class([rank, theirs], without_slot(state.slots_used, theirs), floors) != rank:
-                continue  # theirs is served first: higher, or below its floor
+            if slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
+                continue  # higher, or owed a slot
             best = (slot, terms, state, other)
     if best is None or best[0] - now > request.book_within_s or best[0] > fresh_slot:
         return None
     slot, terms, state, other = best
-    _, _, their_rank, booker_est = state.booked.pop(other)
-    if floors:  # the slot is the taker's class's now
-        state.slots_used = taken_counts(state.slots_used, rank, int(their_rank))
+    _, _, _, booker_est = state.booked.pop(other)
     for dim in _dims(ledger, terms, state, request.est_tokens, now):
         if dim.tokens:  # charged for the booker's estimate: now for the caller's
             dim.charge(gcra_settle(dim.tat, int(booker_est), request.est_tokens, dim.limit))

@@ -54,9 +54,8 @@ class SourceState:
     queue: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     fair: Fair = field(default_factory=Fair)
     handed: dict[str, float] = field(default_factory=dict)
-    # The quota slots assigned to each class lately: a booking counts one, all decayed
-    # first; a slot taken moves one (kept where floors are declared, `quota.take_lower`).
-    slots_used: dict[int, float] = field(default_factory=dict)
+    # The classes' credits on its quota slots (`core.standing.used_credits`), by rank.
+    slot_credits: dict[int, float] = field(default_factory=dict)
     # Quota slots booked by waiting calls: call id -> [slot, end of its claim, class rank,
     # estimated tokens].
     booked: dict[str, list[float]] = field(default_factory=dict)

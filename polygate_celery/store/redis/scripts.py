@@ -31,7 +31,7 @@ from polygate_celery.core.quota import (
     WINDOW_KEPT_S,
     WINDOW_S,
 )
-from polygate_celery.core.standing import DECAY, MAX_CLASSES, RANK_SPAN
+from polygate_celery.core.standing import CREDIT_TOLERANCE, DECAY, MAX_CLASSES, RANK_SPAN
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.base import GATE_KEPT_S, PROGRESS_TTL_S, AdmitRequest
 from polygate_celery.store.redis.codec import fmt
@@ -48,7 +48,10 @@ STANDING_CONSTANTS = (fmt(RANK_SPAN), fmt(DECAY))  # standing.lua's and serving.
 STANDING_SPAN_CLASSES = (fmt(RANK_SPAN), MAX_CLASSES)  # source.lua's snapshot
 _ADMIT_CONSTANTS = tuple(
     fmt(x).encode()
-    for x in (LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S, BOOKING_SLACK_S, RANK_SPAN, DECAY)
+    for x in (
+        *(LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S, BOOKING_SLACK_S),
+        *(RANK_SPAN, DECAY, CREDIT_TOLERANCE),
+    )
 )
 _SETTLE_CONSTANTS = (
     *(fmt(x) for x in (LEARNED_TTL_S, RESET_EVIDENCE_S, GATE_KEPT_S)),

@@ -7,19 +7,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polygate_celery.core.standing import (
+    CREDIT_TOLERANCE,
     DECAY,
     RANK_SPAN,
     corrected,
     next_class,
+    owed,
     per_class,
     per_rank,
     rank_of,
     score,
     served_counts,
+    slot_goes_to,
     tag,
-    taken_counts,
     trimmed,
-    without_slot,
+    used_credits,
 )
 
 
@@ -80,38 +82,66 @@ def test_a_floor_holds_over_many_grants() -> None:
     assert abs(sum(served[200:]) / 800 - 0.1) < 0.01
 
 
-def test_a_taken_slot_moves_from_one_class_to_the_other() -> None:
-    assert taken_counts({0: 5.0, 1: 5.0}, 0, 1) == {0: 6.0, 1: 4.0}
-    assert taken_counts({0: 5.0, 1: 0.5}, 0, 1) == {0: 6.0, 1: 0.0}  # never below 0
-    assert taken_counts({}, 1, 0) == {0: 0.0, 1: 1.0}
+def test_a_slot_used_costs_its_class_and_earns_the_others_their_floors() -> None:
+    floors = (0.0, 0.1, 0.3)
+    credits = used_credits({1: -0.5, 2: 0.0}, 0, floors)
+    assert credits == pytest.approx({1: -0.4, 2: 0.3})  # a class without a floor: none
+    assert used_credits(credits, 2, floors) == pytest.approx({1: -0.3, 2: -0.4})
 
 
-def test_a_take_is_judged_with_the_slot_counted_for_nobody() -> None:
-    assert without_slot({0: 9.0, 1: 1.5}, 1) == {0: 9.0, 1: 0.5}
-    assert without_slot({0: 9.0}, 1) == {0: 9.0, 1: 0.0}
-    # batch's 1.5 of 10.5 is above a tenth with the slot, below it without
-    assert next_class([0, 1], {0: 9.0, 1: 1.5}, (0.0, 0.1)) == 0
-    assert next_class([0, 1], without_slot({0: 9.0, 1: 1.5}, 1), (0.0, 0.1)) == 1
+def test_a_class_without_a_credit_yet_starts_at_its_lowest() -> None:
+    assert not owed({}, 1, (0.0, 0.1))
+    assert used_credits({}, 0, (0.0, 0.1)) == pytest.approx({1: -0.8})
 
 
-@pytest.mark.parametrize("floor", [0.05, 0.1, 0.2, 0.3])
-def test_a_class_keeps_its_floor_of_the_slots_it_books_while_a_higher_class_takes_them(
-    floor: float,
-) -> None:
-    """Each slot is booked by batch (a booking counts one, all decayed), then a higher
-    caller takes it unless that leaves batch below its floor: batch keeps its floor of
-    the slots, to within a hundredth, once its counters have forgotten the start."""
+def test_the_credits_stay_within_their_bounds() -> None:
+    floors = (0.0, 0.25)
+    assert used_credits({1: -0.75}, 1, floors) == {1: -0.75}  # used alone: no debt
+    assert used_credits({1: 1.0}, 0, floors) == {1: 1.0}  # idle: owed one slot at most
+
+
+def test_a_class_is_owed_a_slot_once_its_credit_comes_round_to_0() -> None:
+    floors = (0.0, 0.1)
+    credits: dict[int, float] = {1: -0.9}
+    for _ in range(8):
+        credits = used_credits(credits, 0, floors)
+        assert not owed(credits, 1, floors)
+    credits = used_credits(credits, 0, floors)
+    assert credits[1] < 0  # nine additions of 0.1 fall short by a rounding
+    assert credits[1] >= -CREDIT_TOLERANCE
+    assert owed(credits, 1, floors)
+    assert not owed(credits, 0, floors)  # no floor: never owed
+
+
+def test_a_slot_goes_to_a_class_owed_one_else_to_the_higher() -> None:
+    floors = (0.0, 0.1, 0.2)
+    assert slot_goes_to(0, 1, {1: -0.5}, floors) == 0
+    assert slot_goes_to(0, 1, {1: 0.0}, floors) == 1
+    assert slot_goes_to(1, 0, {1: 0.0}, floors) == 1
+    assert slot_goes_to(1, 2, {1: 0.0, 2: 0.4}, floors) == 2  # owed more
+    assert slot_goes_to(1, 2, {1: 0.1, 2: 0.1}, floors) == 1  # owed alike: the higher
+    assert slot_goes_to(2, 1, {1: -0.5, 2: -0.5}, floors) == 1
+
+
+@pytest.mark.parametrize("floor", [0.05, 0.1, 0.25, 0.5])
+def test_a_floor_is_kept_in_every_run_of_slots_from_the_first_owed_one(floor: float) -> None:
+    """Batch used every slot while interactive was idle; then both want them all. Each
+    slot goes as `slot_goes_to` says, and batch's share of the slots used is its floor
+    to one slot in every run, from its first owed slot on: no more, no less."""
     floors = (0.0, floor)
-    counts: dict[int, float] = {}
-    kept = []
-    for _ in range(600):
-        counts = served_counts(counts, 1)
-        if next_class([0, 1], without_slot(counts, 1), floors) == 0:
-            counts = taken_counts(counts, 0, 1)
-            kept.append(0)
-        else:
-            kept.append(1)
-    assert floor <= sum(kept[200:]) / 400 <= floor + 0.015
+    credits: dict[int, float] = {}
+    for _ in range(50):
+        credits = used_credits(credits, 1, floors)
+    used = []
+    for _ in range(1000):
+        rank = slot_goes_to(0, 1, credits, floors)
+        credits = used_credits(credits, rank, floors)
+        used.append(rank)
+    start = used.index(1)
+    assert start == round((1 - floor) / floor)  # its lowest credit earned back
+    for width in (40, 100):
+        for at in range(start, 1000 - width, 7):
+            assert abs(sum(used[at : at + width]) - floor * width) <= 1
 
 
 def test_a_backlogged_tenants_tag_moves_by_the_tokens_used_over_its_weight() -> None:

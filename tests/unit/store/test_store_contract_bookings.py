@@ -199,37 +199,32 @@ async def booked_by(h: Harness, standing: Standing, *callers: str) -> Denial:
     return first
 
 
-async def test_a_class_below_its_floor_keeps_its_booked_slots(h: Harness) -> None:
-    """Batch's floor is half the slots assigned. Of batch's three slots the first
-    interactive caller takes the soonest; the next would leave batch below half of the
-    others (a take is judged with the slot in question counted for neither), so it books
-    a slot of its own after batch's, and batch's callers are admitted at theirs."""
+async def use(h: Harness, standing: Standing, caller: str) -> None:
+    """`caller` books the next slot and is admitted at it (then done): a slot used by its
+    class."""
+    booked = await h.deny(RPM, waiter=caller, standing=standing, **WITHIN)
+    assert booked.booked_in_s is not None
+    h.clock.advance(booked.booked_in_s)
+    answer = await h.admit(RPM, waiter=caller, standing=standing, **WITHIN)
+    assert isinstance(answer, Grant)
+    await h.settle(answer, RPM)
+
+
+async def test_a_class_owed_a_slot_keeps_its_booked_slots(h: Harness) -> None:
+    """Batch's floor is half the slots used, and interactive used the last one: batch is
+    owed a slot, so an interactive caller leaves batch's booked slots alone and books
+    its own after them; once batch has used one, the next takes batch's soonest."""
     interactive, batch = FLOORED
-    first = await booked_by(h, batch, "b1", "b2", "b3")
-    assert first.reopen_in_s is not None
-    taken = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
-    assert taken.booked_in_s == pytest.approx(first.reopen_in_s)  # b1's
-    own = await h.deny(RPM, waiter="i2", standing=interactive, **WITHIN)
-    assert own.booked_in_s == pytest.approx(first.reopen_in_s + 3.0)  # after batch's
-    h.clock.advance(first.reopen_in_s + 1.0)
-    assert isinstance(await h.admit(RPM, waiter="b2", standing=batch, **WITHIN), Grant)
+    await drain(h, RPM)
+    await use(h, interactive, "i0")
+    for caller in ("b1", "b2"):  # the next two slots: 1 and 2 s away
+        await h.deny(RPM, waiter=caller, standing=batch, **WITHIN)
+    own = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
+    assert own.booked_in_s == pytest.approx(3.0)
     h.clock.advance(1.0)
-    assert isinstance(await h.admit(RPM, waiter="b3", standing=batch, **WITHIN), Grant)
-
-
-async def test_a_class_at_its_floor_without_the_slot_gives_it_up(h: Harness) -> None:
-    """Batch's floor is a tenth. Below it (nothing assigned yet), its caller takes the
-    soonest slot interactive booked; the next interactive caller takes it back only once
-    batch holds a tenth of the other slots: after ten more interactive bookings, not at
-    once."""
-    interactive = Standing(rank=0, floors=(0.0, 0.1))
-    batch = Standing(rank=1, floors=(0.0, 0.1))
-    first = await booked_by(h, interactive, *(f"i{n}" for n in range(9)))
-    assert first.reopen_in_s is not None
-    taken = await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
-    assert taken.booked_in_s == pytest.approx(first.reopen_in_s)  # i0's
-    kept = await h.deny(RPM, waiter="i9", standing=interactive, **WITHIN)
-    assert kept.booked_in_s == pytest.approx(first.reopen_in_s + 9.0)  # a slot of its own
+    assert isinstance(await h.admit(RPM, waiter="b1", standing=batch, **WITHIN), Grant)
+    taken = await h.deny(RPM, waiter="i2", standing=interactive, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(1.0)  # b2's
 
 
 async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None:
@@ -248,14 +243,49 @@ async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None
     assert after.reopen_in_s == pytest.approx(before.reopen_in_s + 9.9)  # (1000 - 10) / 100
 
 
-async def test_a_class_below_its_floor_takes_a_higher_classs_slot(h: Harness) -> None:
-    """Batch's floor is half the slots used and it has used none: a batch caller takes
-    the soonest slot interactive booked, and the interactive caller books anew."""
+async def test_a_class_owed_a_slot_takes_a_higher_classs_soonest(h: Harness) -> None:
+    """Batch's floor is half the slots used, and interactive used the last one: a batch
+    caller takes the soonest slot interactive booked, and its booker books anew."""
     interactive, batch = FLOORED
-    first = await booked_by(h, interactive, "i1", "i2")
-    taken = await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
-    assert taken.booked_in_s == pytest.approx(first.reopen_in_s)  # i1's
+    first = await booked_by(h, interactive, "i1", "i2", "i3")
+    assert first.reopen_in_s is not None
     h.clock.advance(first.reopen_in_s)
-    again = await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)
-    assert again.booked_in_s == pytest.approx(2.0)  # after i2's: the bucket's next
+    assert isinstance(await h.admit(RPM, waiter="i1", standing=interactive, **WITHIN), Grant)
+    taken = await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(1.0)  # i2's
+    h.clock.advance(1.0)
+    again = await h.deny(RPM, waiter="i2", standing=interactive, **WITHIN)
+    assert again.booked_in_s == pytest.approx(2.0)  # after i3's: the bucket's next
     assert isinstance(await h.admit(RPM, waiter="b1", standing=batch, **WITHIN), Grant)
+
+
+async def test_what_a_class_used_alone_is_not_held_against_it(h: Harness) -> None:
+    """Batch's floor is a tenth. It used five slots while no other class wanted them,
+    then interactive used nine: batch is owed the next (the nine earned 0.9, its own
+    five cost it no more than one share) and takes interactive's soonest slot."""
+    interactive = Standing(rank=0, floors=(0.0, 0.1))
+    batch = Standing(rank=1, floors=(0.0, 0.1))
+    await drain(h, RPM)
+    for n in range(5):
+        await use(h, batch, f"b{n}")
+    for n in range(9):
+        await use(h, interactive, f"i{n}")
+    for caller in ("i9", "i10"):
+        await h.deny(RPM, waiter=caller, standing=interactive, **WITHIN)
+    taken = await h.deny(RPM, waiter="b9", standing=batch, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(1.0)  # i9's
+
+
+async def test_a_class_not_yet_owed_a_slot_waits_its_turn(h: Harness) -> None:
+    """Batch's floor is a tenth and it used the last slot: the next eight used by
+    interactive leave it short of its turn (a ninth would bring it there), so interactive
+    callers take its booked slot."""
+    interactive = Standing(rank=0, floors=(0.0, 0.1))
+    batch = Standing(rank=1, floors=(0.0, 0.1))
+    await drain(h, RPM)
+    await use(h, batch, "b0")
+    for n in range(8):
+        await use(h, interactive, f"i{n}")
+    await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
+    taken = await h.deny(RPM, waiter="i8", standing=interactive, **WITHIN)
+    assert taken.booked_in_s == pytest.approx(1.0)  # b1's

@@ -59,9 +59,9 @@
 -- ARGV[10]  lease seconds     ARGV[11]  the caller's origin (its process)
 -- ARGV[12]  the wake-up channel of origin X is this text followed by X
 -- ARGV[13..16]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
---           BOOKING_SLACK_S; ARGV[17..18] core.standing's RANK_SPAN and DECAY (packed
---           once with the terms, scripts.py)
--- ARGV[19..24] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
+--           BOOKING_SLACK_S; ARGV[17..19] core.standing's RANK_SPAN, DECAY and
+--           CREDIT_TOLERANCE (packed once with the terms, scripts.py)
+-- ARGV[20..25] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
 --           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket;
 --           -1: not declared: as a bucket, or the provider's window while its answers
 --           show one (core.quota.window_take); else a sliding window of this length)
@@ -103,7 +103,8 @@
 local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[13]), tonumber(ARGV[14])
 local MARGIN_S, SLACK_S = tonumber(ARGV[15]), tonumber(ARGV[16])
 local RANK_SPAN, DECAY = tonumber(ARGV[17]), tonumber(ARGV[18])
-local T = 18  -- the arguments before the candidates'
+local CREDIT_TOLERANCE = tonumber(ARGV[19])
+local T = 19  -- the arguments before the candidates'
 local NONE = {}  -- no quota's waits, no dimension to book (read only)
 
 -- include: standing
@@ -180,7 +181,8 @@ for i = 1, n do
     mine = handed_until[i] > now
   end
   local st = redis.call('HMGET', skey, 'mode', 'open_until', 'probe', 'limit', 'paused_until',
-    'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen', 'lwend', 'lwleft', 'lwseen', s_virtual, s_finish)
+    'lrpm', 'lreq', 'ltpm', 'ltok', 'lseen', 'lwend', 'lwleft', 'lwseen', s_virtual, s_finish,
+    'fqc')
   -- the provider's limits as announced (learned at settle), unless forgotten
   local learned = st[10] and now - tonumber(st[10]) <= LEARNED_TTL_S
   -- requests follow the provider's window (not declared, and an answer showed one lately)
@@ -206,7 +208,8 @@ for i = 1, n do
   local slot = slot_of[i]
   local waits_s, dims, req_tat, tok_tat = NONE, NONE, nil, nil
   local lrpm, ltpm, lreq, ltok, wend, wleft = 0, 0, nil, nil, nil, nil
-  if rpm > 0 or tpm > 0 or learned or slot then  -- (most sources: no quota, no slot)
+  local quota_step = rpm > 0 or tpm > 0 or learned or slot
+  if quota_step then  -- (most sources: no quota, no slot)
     -- include: gcra
     -- include: admit_quota
     local c = {rpm = rpm, tpm = tpm, window = window, qkey = qkey, lkey = lkey, skey = skey}
@@ -245,7 +248,7 @@ for i = 1, n do
     if slot then  -- kept while the call waits on
       if slot <= now then redis.call('ZADD', KEYS[6 * i], 'GT', now + claim_s, booked) end
     elseif only_quota and window <= 0 and not in_windows and #dims > 0 then
-      bookable[#bookable + 1] = {i, dims}
+      bookable[#bookable + 1] = {i, dims, st[16]}
     end
     if #known == #reasons then
       local reopen = math.max(unpack(known))
@@ -270,6 +273,10 @@ for i = 1, n do
       fields[#fields + 1] = 'lwleft'; fields[#fields + 1] = fmt(wleft)
     end
     if ltpm > 0 and est > 0 then fields[#fields + 1] = 'ltok'; fields[#fields + 1] = ltok end
+    if quota_step and s_floors ~= '' then  -- a quota's slot used: the classes' credits
+      -- include: quota_floors
+      fields[#fields + 1] = 'fqc'; fields[#fields + 1] = used_credits(st[16], s_rank, s_floors)
+    end
     if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
     if slot then redis.call('ZREM', KEYS[6 * i], booked) end  -- paid when booked
     if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', req_tat, 'tok', tok_tat) end
@@ -322,7 +329,7 @@ elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == n
   -- a slot booked by a lower class is taken first, if any (standing: a class's rank)
   local in_s = ARGV[9] ~= ''
     and take_lower(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est)
-  if not in_s then in_s = book(bookable, now, book_within, claim_s, booked, s_rank, s_floors) end
+  if not in_s then in_s = book(bookable, now, book_within, claim_s, booked) end
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end
     denial[1] = 3

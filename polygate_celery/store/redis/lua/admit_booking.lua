@@ -1,5 +1,5 @@
 -- admit_booking.lua: included by admit.lua (a line "-- include: admit_booking"), after
--- gcra.lua and the constants MARGIN_S and DECAY; not a script of its own.
+-- gcra.lua and the constants MARGIN_S and CREDIT_TOLERANCE; not a script of its own.
 
 -- include: quota_floors
 
@@ -22,10 +22,9 @@ end
 -- charged as at that slot, and the booking is kept in the candidate's alive ZSET
 -- (KEYS[6i]) as `booked` -> the slot plus `claim_s`. Returns the seconds until the
 -- slot, or nil when none is soon enough.
-local function book(bookable, now, book_within, claim_s, booked, rank, floors)
+local function book(bookable, now, book_within, claim_s, booked)
   local best, best_slot = fresh_slot(bookable, now)
   if best_slot - now > book_within then return nil end
-  if floors ~= '' then count_slot(KEYS[6 * best[1] - 4], rank, nil, floors) end
   for _, d in ipairs(best[2]) do
     local tat = math.max(d[1], best_slot + MARGIN_S) + charge_s(d[2], d[3])
     redis.call('HSET', d[4], d[5], fmt(tat))
@@ -37,39 +36,37 @@ local function book(bookable, now, book_within, claim_s, booked, rank, floors)
 end
 
 -- A slot ahead that a waiter of a class this caller's is served before booked at one of
--- `bookable`'s candidates (a lower class, a greater rank; with `floors`, as
--- core.standing.next_class of the two says, the slot counted for neither: a class below
--- its floor is served before a higher one), sooner than a new booking would be and within `book_within` seconds:
--- taken for this caller (SPEC §8). The booking
--- moves to `booked`, its quota paid already (the token buckets charged for this caller's
--- estimate `est` instead of the booker's: settle corrects from it); the waiter it was
--- taken from finds it gone when it asks at its slot, and books anew. A booking is
--- "@<call> <rank> <claim s> <est>" in the candidate's alive set, scored by its slot plus
--- that claim; waiters' claims score at most now plus theirs, so the bookings ahead are
--- those scored above now plus this caller's claim, and the `TAKE_SCAN` soonest of them
--- are looked at (as the memory store does). `floors`: the classes' min_share, "" for
--- none (quota_floors.lua). Seconds until the slot, or nil.
+-- `bookable`'s candidates ({candidate i, dims, its credits} each), sooner than a new
+-- booking would be and within `book_within` seconds: taken for this caller (SPEC §8).
+-- Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
+-- classes' min_share, "" for none; quota_floors.lua's slot_goes_to), else the higher
+-- (the lower rank). The booking moves to `booked`, its quota paid already (the token
+-- buckets charged for this caller's estimate `est` instead of the booker's: settle
+-- corrects from it); the waiter it was taken from finds it gone when it asks at its
+-- slot, and books anew. A booking is "@<call> <rank> <claim s> <est>" in the
+-- candidate's alive set, scored by its slot plus that claim; waiters' claims score at
+-- most now plus theirs, so the bookings ahead are those scored above now plus this
+-- caller's claim, and the `TAKE_SCAN` soonest of them are looked at (as the memory
+-- store does). Seconds until the slot, or nil.
 local TAKE_SCAN = 32
 local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked, est)
-  local best, best_member, best_slot, best_est, best_rank = nil, nil, nil, nil, nil
+  local fl = floors_of(floors)
+  local best, best_member, best_slot, best_est = nil, nil, nil, nil
   for _, b in ipairs(bookable) do
     local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
       '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
+    local credits = credits_of(b[3], fl)
     local first = {}  -- another class -> whether this caller's is served before it here
     for k = 1, #ahead, 2 do
       local r, claim, booker_est = string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+)$')
       r = tonumber(r)
       if r and r ~= rank and first[r] == nil then
-        first[r] = rank < r
-        if floors ~= '' then
-          first[r] = served_first(KEYS[6 * b[1] - 4], rank, r, floors, r) == rank
-        end
+        first[r] = slot_goes_to(rank, r, credits, fl) == rank
       end
       if r and r ~= rank and first[r] then
         local slot = tonumber(ahead[k + 1]) - tonumber(claim)
         if slot > now and (best_slot == nil or slot < best_slot) then
           best, best_member, best_slot, best_est = b, ahead[k], slot, tonumber(booker_est)
-          best_rank = r
         end
       end
     end
@@ -82,7 +79,6 @@ local function take_lower(bookable, now, book_within, rank, floors, claim_s, boo
       redis.call('HSET', d[4], d[5], fmt(d[1] + charge_s(est, d[3]) - charge_s(best_est, d[3])))
     end
   end
-  if floors ~= '' then count_slot(KEYS[6 * best[1] - 4], rank, best_rank, floors) end
   local alive = KEYS[6 * best[1]]
   redis.call('ZREM', alive, best_member)
   redis.call('ZADD', alive, best_slot + claim_s, booked)

@@ -1,59 +1,58 @@
--- quota_floors.lua: included by admit_booking.lua (a line "-- include: quota_floors"),
--- after the constant DECAY; not a script of its own.
+-- quota_floors.lua: included by admit.lua (a line "-- include: quota_floors"), after
+-- clock.lua and the constant CREDIT_TOLERANCE; not a script of its own.
 --
--- The classes' floors on a quota's booked slots (core.standing): a source's state hash
--- keeps, per class r, the slots assigned to it lately, fq<r>: a booking counts one (all
--- decayed by DECAY first, as the grant counters of its permits), a slot taken moves one
--- from the class it was taken from to the taker's. A class below its floor keeps its
--- slots from a higher class, and takes theirs (admit_booking.lua's take_lower).
+-- The classes' floors on a quota's slots (core.standing): a source's state hash keeps
+-- each class's credit on its quota slots, `fqc` ("" or comma-separated, by rank). A
+-- slot used by a class with a floor f costs it 1 - f, one used by another earns it f,
+-- within [f - 1, 1] (used_credits); a class whose credit has come round to 0 is owed a
+-- slot (owed): it keeps its booked slots from a higher class, and takes theirs
+-- (admit_booking.lua's take_lower).
 
--- `floors` ("" or comma-separated min_share by rank) as a list, and its fields' names.
+-- `floors` ("" or comma-separated min_share by rank) as a list.
 local function floors_of(floors)
-  local fl, names = {}, {}
-  for f in string.gmatch(floors, '[^,]+') do
-    fl[#fl + 1] = tonumber(f)
-    names[#names + 1] = 'fq' .. (#fl - 1)
-  end
-  return fl, names
+  local fl = {}
+  for f in string.gmatch(floors, '[^,]+') do fl[#fl + 1] = tonumber(f) end
+  return fl
 end
 
--- A slot assigned at `skey` to class `rank`: booked (`from` nil), or taken from class
--- `from`.
-local function count_slot(skey, rank, from, floors)
-  local _, names = floors_of(floors)
-  local counts = redis.call('HMGET', skey, unpack(names))
-  local fields = {}
-  for r = 0, #names - 1 do
-    local c = tonumber(counts[r + 1] or '0')
-    if from == nil then c = c * DECAY end
-    if r == rank then c = c + 1 elseif r == from then c = math.max(c - 1, 0) end
-    fields[#fields + 1] = names[r + 1]
-    fields[#fields + 1] = fmt(c)
+-- The credits `text` holds (false or "": none yet), by rank + 1; a class without one
+-- starts at its lowest, f - 1 (core.standing.credit_of).
+local function credits_of(text, fl)
+  local c = {}
+  for x in string.gmatch(text or '', '[^,]+') do c[#c + 1] = tonumber(x) end
+  for r = 1, #fl do
+    if c[r] == nil then c[r] = fl[r] - 1 end
   end
-  redis.call('HSET', skey, unpack(fields))
+  return c
 end
 
--- Which of classes `a` and `b` core.standing.next_class serves first at `skey`: the one
--- below its floor and furthest below it, if either is, else the higher (the lower rank).
--- The slot in question, booked by class `booker`, counts for neither
--- (core.standing.without_slot).
-local function served_first(skey, a, b, floors, booker)
-  local fl, names = floors_of(floors)
-  local counts = redis.call('HMGET', skey, unpack(names))
-  counts[booker + 1] = math.max(tonumber(counts[booker + 1] or '0') - 1, 0)
-  local total = 0
-  for r = 1, #names do total = total + tonumber(counts[r] or '0') end
-  local best, best_ratio = nil, nil
-  for _, r in ipairs({a, b}) do
-    local floor = fl[r + 1] or 0
-    if floor > 0 then
-      local share = total > 0 and tonumber(counts[r + 1] or '0') / total or 0
-      local ratio = share / floor
-      if share < floor and (best == nil or ratio < best_ratio
-          or (ratio == best_ratio and r < best)) then
-        best, best_ratio = r, ratio
-      end
+-- core.standing.used_credits: the credits `text` holds after a slot used by class
+-- `rank`, as text.
+local function used_credits(text, rank, floors)
+  local fl = floors_of(floors)
+  local c = credits_of(text, fl)
+  local out = {}
+  for r = 1, #fl do
+    local f = fl[r]
+    if f > 0 then
+      c[r] = math.min(math.max(c[r] + (r - 1 == rank and f - 1 or f), f - 1), 1)
     end
+    out[r] = fmt(c[r])
   end
-  return best or math.min(a, b)
+  return table.concat(out, ',')
+end
+
+-- core.standing.owed: class `r` has a floor and its credit has come round to 0.
+local function owed(c, fl, r)
+  return (fl[r + 1] or 0) > 0 and c[r + 1] >= -CREDIT_TOLERANCE
+end
+
+-- core.standing.slot_goes_to: which of classes `a` and `b` a slot booked ahead goes to,
+-- on the credits `c` and floors `fl`: one owed a slot (of two, the one owed more), else
+-- the higher (the lower rank).
+local function slot_goes_to(a, b, c, fl)
+  local owed_a, owed_b = owed(c, fl, a), owed(c, fl, b)
+  if owed_a ~= owed_b then return owed_a and a or b end
+  if owed_a and c[a + 1] ~= c[b + 1] then return c[a + 1] > c[b + 1] and a or b end
+  return math.min(a, b)
 end
