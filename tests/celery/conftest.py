@@ -27,6 +27,7 @@ MODELS = {
     "broken": ModelBehaviour(error_rates={500: 1.0}),
     "slow": ModelBehaviour(reply="slow answer", latency_s=(20.0, 20.0)),
     "killable": ModelBehaviour(reply="survived", latency_s=(0.6, 0.6)),
+    "steady": ModelBehaviour(reply="fine", latency_s=(0.3, 0.3)),
 }
 
 

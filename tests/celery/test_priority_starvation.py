@@ -1,0 +1,74 @@
+"""A task of a lower class starved by a higher one parks instead of holding its worker
+slot (SPEC §8, stall per class): its call's stall verdict reads its own class's
+progress while the scope serves the higher class; once the higher class's demand ends
+it runs again, and its call is sent once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from polygate_celery.telemetry import DeferralEvent, VerdictEvent
+from polygate_celery.testing.simulator import SimulatedProvider
+from tests.celery.app import ask
+from tests.celery.conftest import Worker
+from tests.celery.test_outcomes import runs
+from tests.conftest import Recorder
+
+# Batch has no floor: while interactive calls wait, batch gets nothing.
+CLASSES = {"priorities": {"interactive": {}, "batch": {"default": True}}}
+INTERACTIVE_CALLERS = 3  # against one permit: demand above capacity
+LOAD_S = 6.0
+BATCH_TASKS = 4
+
+
+def interactive_load(runtime: Any, until: float, sent: list[int]) -> list[threading.Thread]:
+    """Callers of the interactive class, one call after another through the worker's
+    gateway (its store and its source) until `until`; each success counted."""
+
+    def caller() -> None:
+        while time.monotonic() < until:
+            message = [{"role": "user", "content": "now"}]
+            runtime.run(runtime.gateway.chat("chat", message, priority="interactive"))
+            sent.append(1)
+
+    threads = [threading.Thread(target=caller) for _ in range(INTERACTIVE_CALLERS)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_a_starved_batch_task_parks_and_runs_once_capacity_frees(
+    governed_worker: Worker, broker: str, provider: SimulatedProvider
+) -> None:
+    recorder = Recorder()
+    sources = {
+        "main": {
+            "base_url": provider.url,
+            "model": "steady",
+            "timeout_s": 2,
+            "max_concurrency": 1,
+        },
+        "other": {"base_url": provider.url, "model": "second", "timeout_s": 2},
+    }
+    before = sum(1 for e in provider.journal if e.model == "steady" and e.outcome == "ok")
+    sent: list[int] = []
+    with governed_worker(hooks=[recorder], sources=sources, **CLASSES) as runtime:
+        load = interactive_load(runtime, time.monotonic() + LOAD_S, sent)
+        time.sleep(0.5)  # the interactive callers hold the permit and wait for it
+        results = [ask.delay(f"batch {n}") for n in range(BATCH_TASKS)]
+        for thread in load:
+            thread.join()
+        assert [r.get(timeout=60) for r in results] == ["fine"] * BATCH_TASKS
+    batch = [e for e in recorder.of(VerdictEvent) if e.priority == "batch"]
+    stalled = [e for e in batch if e.verdict == "stalled"]
+    # every task parked at least once, within its class's stall window (1 s) of waiting
+    assert all(runs(broker, r.id) >= 2 for r in results)
+    assert len(stalled) >= BATCH_TASKS
+    assert all(e.elapsed_s < 1.0 + 1.0 for e in stalled)
+    assert {e.strategy for e in recorder.of(DeferralEvent)} == {"park"}
+    assert sum(1 for e in batch if e.verdict == "success") == BATCH_TASKS
+    # none lost, none sent twice: the provider answered each batch task's call once
+    served = sum(1 for e in provider.journal if e.model == "steady" and e.outcome == "ok")
+    assert served - before == len(sent) + BATCH_TASKS
