@@ -291,6 +291,12 @@ class GovernanceCollector:
             "source",
             "priority",
         )
+        booked = gauge(
+            "polygate_source_booked",
+            "Calls holding a quota slot booked ahead at a source, fleet-wide, by priority class",
+            "source",
+            "priority",
+        )
         progress = gauge(
             "polygate_scope_progress_age_seconds",
             "Seconds since a scope's last success (+Inf: none in the last hour)",
@@ -314,12 +320,17 @@ class GovernanceCollector:
             paused.add_metric([name], snap.paused_for_s)
             for rank, count in enumerate(snap.waiting):  # ("" where no class is declared)
                 waiting.add_metric([name, (*self._config.priorities, "")[rank]], count)
+            for rank, count in enumerate(snap.booked):
+                booked.add_metric([name, (*self._config.priorities, "")[rank]], count)
         for scope, age in reading.progress if reading else ():
             progress.add_metric([scope], age)
         for app, size, ready in reading.parked if reading else ():
             parked.add_metric([app], size)
             due.add_metric([app], ready)
-        return [up, in_use, limit, cap, breaker, failures, paused, waiting, progress, parked, due]
+        return [
+            *(up, in_use, limit, cap, breaker, failures, paused, waiting, booked),
+            *(progress, parked, due),
+        ]
 
 
 def _lot_subkey(name: str) -> bool:

@@ -146,8 +146,9 @@ def _sources_table(scopes: tuple[ScopeReading, ...]) -> str:
 
 
 def _classes_table(scopes: tuple[ScopeReading, ...], classes: list[str]) -> str:
-    """Per source, each class's calls waiting for its permits and its share of the
-    recent grants (the counters behind the floors, where floors are declared)."""
+    """Per source, each class's calls waiting for its permits, its calls holding a quota
+    slot booked ahead, and its share of the recent grants (the counters behind the
+    permits' floors, where floors are declared)."""
     rows = []
     seen: set[str] = set()
     for scope in scopes:
@@ -161,8 +162,11 @@ def _classes_table(scopes: tuple[ScopeReading, ...], classes: list[str]) -> str:
                 waiting = state.waiting[rank] if rank < len(state.waiting) else 0
                 grants = state.recent_grants[rank] if rank < len(state.recent_grants) else 0.0
                 share = f"{100 * grants / total:.0f}%" if total > 0 else "-"
-                rows.append([state.name if rank == 0 else "", name, str(waiting), share])
-    return table(["SOURCE", "CLASS", "WAITING", "RECENT GRANTS"], rows, numeric={2, 3})
+                booked = state.booked[rank] if rank < len(state.booked) else 0
+                name_cell = state.name if rank == 0 else ""
+                rows.append([name_cell, name, str(waiting), str(booked), share])
+    headers = ["SOURCE", "CLASS", "WAITING", "BOOKED", "RECENT GRANTS"]
+    return table(headers, rows, numeric={2, 3, 4})
 
 
 def _quota_use(source: SourceReading, state: SourceSnapshot) -> str:

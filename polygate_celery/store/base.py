@@ -195,6 +195,8 @@ class SourceSnapshot:
     # where floors are declared: `core.standing`).
     waiting: tuple[int, ...] = ()
     recent_grants: tuple[float, ...] = ()
+    # Calls holding a quota slot booked ahead at it, per priority class (by rank).
+    booked: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,6 +273,38 @@ async def test_the_collector_reports_the_calls_waiting_for_a_source_by_class(
         collector.close()
 
 
+async def test_the_collector_reports_the_quota_slots_booked_at_a_source_by_class(
+    store: Store, collector_store: Store
+) -> None:
+    config = parse_config(
+        {
+            "sources": {"a": {"max_concurrency": 100, "rpm": 60}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"]}},
+            "priorities": {"interactive": {}, "batch": {"default": True}},
+        }
+    )
+    terms = source_terms(config, "a")
+    n = 0
+    while isinstance(await store.admit(AdmitRequest("s", (terms,), f"burst-{n}")), Grant):
+        n += 1  # the bucket's burst spent
+    for call, priority in [("b1", "batch"), ("b2", "batch"), ("i1", "interactive")]:
+        waiting = AdmitRequest(
+            "s", (terms,), f"p-{call}", call_id=call, claim_s=30.0, book_within_s=300.0,
+            standing=config.standing(priority),
+        )  # fmt: skip
+        denial = await store.admit(waiting)
+        assert not isinstance(denial, Grant)
+        assert denial.booked_in_s is not None
+    collector = GovernanceCollector(config, store=collector_store)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:  # i1 took b1's slot; b1 books anew when it finds it gone
+        assert value(registry, "polygate_source_booked", source="a", priority="batch") == 1
+        assert value(registry, "polygate_source_booked", source="a", priority="interactive") == 1
+    finally:
+        collector.close()
+
+
 async def test_the_collector_reports_parking_lots(redis_url: str) -> None:
     store = RedisStore.from_url(redis_url, prefix=unique_prefix())
     lot = store.keys.parked("pipeline")

@@ -162,16 +162,20 @@ class MemoryStore:
 
     async def snapshot(self, source: SourceTerms) -> base.SourceSnapshot:
         state = self._ledger.source(source)
-        learned = state.learned.live(self._clock.now())
+        now = self._clock.now()
+        learned = state.learned.live(now)
         return base.SourceSnapshot(
             name=source.name,
             permits_in_use=len(state.permits),
             permit_limit=self._ledger.limit(state, source),
             breaker=state.breaker.mode,
             breaker_failures=state.breaker.failures,
-            paused_for_s=max(0.0, state.paused_until - self._clock.now()),
+            paused_for_s=max(0.0, state.paused_until - now),
             learned_rpm=learned["req"].limit if "req" in learned else None,
             learned_tpm=learned["tok"].limit if "tok" in learned else None,
             waiting=per_class(rank_of(place[2]) for place in state.queue.values()),
             recent_grants=per_rank(state.fair.counts),
+            booked=per_class(
+                int(booking[2]) for booking in state.booked.values() if booking[1] > now
+            ),
         )

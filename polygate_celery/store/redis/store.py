@@ -291,7 +291,12 @@ class RedisStore:
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         name = source.name
-        keys = [self.keys.permits(name), self.keys.state(name), self.keys.queue(name)]
+        keys = [
+            self.keys.permits(name),
+            self.keys.state(name),
+            self.keys.queue(name),
+            self.keys.alive(name),
+        ]
         args: list[str | int | float] = [
             self._now(),
             "snapshot",
@@ -313,8 +318,9 @@ class RedisStore:
                 paused_for_s=float(paused_for),
                 learned_rpm=int(float(learned_rpm)) or None,
                 learned_tpm=int(float(learned_tpm)) or None,
-                waiting=trimmed([int(n) for n in by_class[0::2]]),
-                recent_grants=trimmed([float(g) for g in by_class[1::2]]),
+                waiting=trimmed([int(n) for n in by_class[0::3]]),
+                recent_grants=trimmed([float(g) for g in by_class[1::3]]),
+                booked=trimmed([int(n) for n in by_class[2::3]]),
             )
 
     # -- plumbing ------------------------------------------------------------------

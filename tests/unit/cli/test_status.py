@@ -195,8 +195,8 @@ def test_status_shows_the_calls_waiting_in_each_class(cli: Cli, fleet: Fleet) ->
     fleet.run(classes_waiting)
     ran = cli("status", "--config", fleet.path)
     assert (ran.code, ran.err) == (0, "")
-    assert row(ran.out, "vllm", "interactive") == ["vllm", "interactive", "2", "-"]
-    assert row(ran.out, "batch")[:2] == ["batch", "3"]
+    assert row(ran.out, "vllm", "interactive") == ["vllm", "interactive", "2", "0", "-"]
+    assert row(ran.out, "batch")[:3] == ["batch", "3", "0"]  # waiting; none booked a slot
 
 
 def test_status_shows_no_classes_where_none_are_declared(cli: Cli, fleet: Fleet) -> None:

@@ -289,3 +289,13 @@ async def test_a_class_not_yet_owed_a_slot_waits_its_turn(h: Harness) -> None:
     await h.deny(RPM, waiter="b1", standing=batch, **WITHIN)
     taken = await h.deny(RPM, waiter="i8", standing=interactive, **WITHIN)
     assert taken.booked_in_s == pytest.approx(1.0)  # b1's
+
+
+async def test_a_snapshot_counts_the_slots_each_class_booked_ahead(h: Harness) -> None:
+    interactive, batch = FLOORED
+    await booked_by(h, batch, "b1", "b2")
+    await h.deny(RPM, waiter="i1", standing=interactive, **WITHIN)  # b1's, taken
+    await h.deny(RPM, waiter="i2", standing=interactive, **WITHIN)  # batch is not owed
+    assert (await h.store.snapshot(RPM)).booked == (2,)  # (trailing classes with none left out)
+    await h.deny(RPM, waiter="b3", standing=batch, **WITHIN)
+    assert (await h.store.snapshot(RPM)).booked == (2, 1)

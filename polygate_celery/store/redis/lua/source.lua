@@ -8,6 +8,9 @@
 --                                            (lrpm ltpm ... lseen: read by snapshot);
 --                                            fc<rank> (the classes' recent grants)
 -- KEYS[3]  {p}:v1:src:<name>:queue     ZSET  waiters -> their place (snapshot only)
+-- KEYS[4]  {p}:v1:src:<name>:alive     ZSET  claims, and quota slots booked
+--                                            ("@<call> <rank> ..." -> slot plus claim;
+--                                            snapshot only)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "pause", "resume", "reset" or "snapshot"
 -- ARGV[3]  pause: seconds;  snapshot: cap
@@ -17,7 +20,8 @@
 -- Returns  pause, resume, reset: "0"
 --          snapshot: {live permits, permit limit, mode, failures, paused_for_s,
 --          learned rpm, learned tpm (0: none announced), then per class rank 0 to
---          MAX_CLASSES - 1: its waiters and its recent grants (fc<rank>, "0" if none)}
+--          MAX_CLASSES - 1: its waiters, its recent grants (fc<rank>, "0" if none) and
+--          its calls holding a quota slot booked ahead}
 -- resume deletes paused_until; reset deletes every field of the state hash (breaker,
 -- AIMD limit, which then starts again from its initial value, pause, last error) and keeps
 -- the permits, whose holders settle as usual, and the learned quota (the provider's).
@@ -54,9 +58,18 @@ local span, classes = tonumber(ARGV[6]), tonumber(ARGV[7])
 local fields = {}
 for r = 0, classes - 1 do fields[#fields + 1] = 'fc' .. r end
 local grants = redis.call('HMGET', KEYS[2], unpack(fields))
+local booked = {}  -- rank -> slots booked ahead (a booking's score: its slot plus claim)
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. fmt(now), '+inf')) do
+  local r = tonumber(string.match(member, '^@%S+ (%d+) '))
+  if r then
+    r = math.min(r, classes - 1)
+    booked[r] = (booked[r] or 0) + 1
+  end
+end
 for r = 0, classes - 1 do
   local top = r == classes - 1 and '+inf' or '(' .. fmt((r + 1) * span)
   reply[#reply + 1] = redis.call('ZCOUNT', KEYS[3], fmt(r * span), top)
   reply[#reply + 1] = grants[r + 1] or '0'
+  reply[#reply + 1] = booked[r] or 0
 end
 return reply
