@@ -10,8 +10,8 @@ Two parts, because they come from two places:
   prometheus_client) prometheus_client writes the counters to files there,
   which one exporter sums up.
 - `GovernanceCollector`, a custom collector that reads the store on each scrape:
-  gauges of the fleet's governance state (permits, AIMD limits, breakers,
-  pauses, scope progress, parked backlog), the same whichever process reads it.
+  gauges of the fleet's governance state (permits, AIMD limits, breakers, pauses,
+  waiters by class, scope progress, parked backlog), the same whichever process reads it.
 
 `serve(config, port)` runs both behind one HTTP endpoint, on the workers' host
 (``polygate-celery metrics --port 9464``, or ``python -m polygate_celery.metrics``).
@@ -285,18 +285,9 @@ class GovernanceCollector:
             "Seconds until a source's fleet-wide pause ends (0: not paused)",
             "source",
         )
-        waiting = gauge(
-            "polygate_source_waiting",
-            "Calls waiting for a source's permits, fleet-wide, by priority class",
-            "source",
-            "priority",
-        )
-        booked = gauge(
-            "polygate_source_booked",
-            "Calls holding a quota slot booked ahead at a source, fleet-wide, by priority class",
-            "source",
-            "priority",
-        )
+        per_class = "at a source, fleet-wide, by priority class"
+        waiting = gauge("polygate_source_waiting", f"Calls awaiting permits {per_class}", *BY_CLASS)
+        booked = gauge("polygate_source_booked", f"Quota slots booked ahead {per_class}", *BY_CLASS)
         progress = gauge(
             "polygate_scope_progress_age_seconds",
             "Seconds since a scope's last success (+Inf: none in the last hour)",
@@ -327,10 +318,11 @@ class GovernanceCollector:
         for app, size, ready in reading.parked if reading else ():
             parked.add_metric([app], size)
             due.add_metric([app], ready)
-        return [
-            *(up, in_use, limit, cap, breaker, failures, paused, waiting, booked),
-            *(progress, parked, due),
-        ]
+        sources = [up, in_use, limit, cap, breaker, failures, paused, waiting, booked]
+        return [*sources, progress, parked, due]
+
+
+BY_CLASS = ("source", "priority")  # the labels of the gauges by priority class
 
 
 def _lot_subkey(name: str) -> bool:
