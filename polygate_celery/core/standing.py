@@ -138,9 +138,12 @@ def slot_goes_to(a: int, b: int, credits: Mapping[int, float], floors: Sequence[
     owed_a, owed_b = owed(credits, a, floors), owed(credits, b, floors)
     if owed_a != owed_b:
         return a if owed_a else b
-    credit_a, credit_b = credit_of(credits, a, floors), credit_of(credits, b, floors)
-    if owed_a and credit_a != credit_b:
-        return a if credit_a > credit_b else b
+    if owed_a:  # both owed: the one owed more
+        credit_a, credit_b = credit_of(credits, a, floors), credit_of(credits, b, floors)
+        if credit_a > credit_b:
+            return a
+        if credit_b > credit_a:
+            return b
     return min(a, b)
 
 

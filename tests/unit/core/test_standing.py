@@ -11,6 +11,7 @@ from polygate_celery.core.standing import (
     DECAY,
     RANK_SPAN,
     corrected,
+    credit_of,
     next_class,
     owed,
     per_class,
@@ -119,8 +120,22 @@ def test_a_slot_goes_to_a_class_owed_one_else_to_the_higher() -> None:
     assert slot_goes_to(0, 1, {1: 0.0}, floors) == 1
     assert slot_goes_to(1, 0, {1: 0.0}, floors) == 1
     assert slot_goes_to(1, 2, {1: 0.0, 2: 0.4}, floors) == 2  # owed more
+    assert slot_goes_to(2, 1, {1: 0.0, 2: 0.4}, floors) == 2
+    assert slot_goes_to(1, 2, {1: 0.4, 2: 0.0}, floors) == 1
     assert slot_goes_to(1, 2, {1: 0.1, 2: 0.1}, floors) == 1  # owed alike: the higher
+    assert slot_goes_to(2, 1, {1: 0.1, 2: 0.1}, floors) == 1
     assert slot_goes_to(2, 1, {1: -0.5, 2: -0.5}, floors) == 1
+
+
+def test_a_class_without_a_floor_is_never_owed_whatever_its_credit() -> None:
+    assert not owed({0: 0.5}, 0, (0.0, 0.1))
+    assert not owed({3: 0.5}, 3, (0.0, 0.1))  # beyond the floors declared
+    assert credit_of({}, 3, (0.0, 0.1)) == -1.0
+
+
+def test_a_credit_at_the_tolerance_below_0_is_owed() -> None:
+    assert owed({1: -CREDIT_TOLERANCE}, 1, (0.0, 0.1))
+    assert not owed({1: -2 * CREDIT_TOLERANCE}, 1, (0.0, 0.1))
 
 
 @pytest.mark.parametrize("floor", [0.05, 0.1, 0.25, 0.5])
