@@ -115,6 +115,7 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
                     "max_attempts": spec.get("max_attempts", 3),
                 }
             },
+            **({"priorities": spec["priorities"]} if spec.get("priorities") else {}),
         }
     )
     store = RedisStore.from_url(spec["redis_url"], prefix=spec["prefix"], lease_s=spec["lease_s"])
@@ -157,7 +158,8 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
             if i and spec.get("pace_s"):
                 await asyncio.sleep(spec["pace_s"])
             try:
-                await gateway.call("s", "x", fail_fast=spec.get("fail_fast", False))
+                fail_fast, priority = spec.get("fail_fast", False), spec.get("priority")
+                await gateway.call("s", "x", fail_fast=fail_fast, priority=priority)
                 verdict = "success"
             except AllSourcesExhausted as exc:
                 verdict = exc.reason

@@ -223,6 +223,38 @@ async def test_a_killed_waiter_delays_the_next_grant_by_its_claim_at_most(
         await client.aclose()
 
 
+async def test_a_killed_waiter_of_a_higher_class_holds_up_a_lower_one_by_its_claim_at_most(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """Classes declared: an interactive waiter, first in the queue, is SIGKILLed; the
+    batch waiter behind it gets the released permit when the dead one's claim ends."""
+    order_key, hold_key = f"{fleet_prefix}:order", f"{fleet_prefix}:hold"
+    queue = KeySpace(fleet_prefix).queue("w")
+    classes = {"priorities": {"interactive": {}, "batch": {"default": True}}}
+    client = redis_client(redis_url, socket_timeout_s=30)
+    holder = await _holder(redis_url, fleet_prefix, order_key, hold_key)
+    try:
+        spec = _waiter_spec(redis_url, fleet_prefix, order_key, "dead")
+        dead = await spawn_worker({**spec, **classes, "priority": "interactive"})
+        await _queued(client, queue, 1)
+        os.kill(dead.pid, signal.SIGKILL)
+        await dead.wait()
+        spec = _waiter_spec(redis_url, fleet_prefix, order_key, "next")
+        following = await spawn_worker({**spec, **classes, "priority": "batch"})
+        await _queued(client, queue, 2)
+        released = time.monotonic()
+        await client.rpush(hold_key, "go")
+        while await client.llen(order_key) < 2:
+            assert time.monotonic() - released < 30, "the batch waiter never got the permit"
+            await asyncio.sleep(0.02)
+        assert (await result_of(following))["outcomes"] == {"success": 1}
+        assert (await result_of(holder))["outcomes"] == {"success": 1}
+        assert await client.lrange(order_key, 0, -1) == ["holder", "next"]
+        assert time.monotonic() - released < CLAIM_S + POLL_S + 10
+    finally:
+        await client.aclose()
+
+
 async def test_callers_waiting_for_a_quota_are_served_in_the_order_they_booked(
     redis_url: str, fleet_prefix: str
 ) -> None:
