@@ -62,6 +62,9 @@ class AllSourcesExhausted(GatewayUnavailableError):
         rate_limited: `retry_after_s` is not an estimate but when rate limits
             reset (every source was paused by a provider's Retry-After or
             waited for its quota).
+        starved_class: The call's priority class, when it stalled while the scope
+            served other classes (its class made no progress, the scope did: SPEC
+            §8); None for any other verdict, an outage's stall included.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class AllSourcesExhausted(GatewayUnavailableError):
         last_error: str | None = None,
         trail: Sequence[AttemptRecord | dict[str, Any]] = (),
         rate_limited: bool = False,
+        starved_class: str | None = None,
     ) -> None:
         if reason not in _REASONS:
             raise ValueError(f"unknown AllSourcesExhausted reason {reason!r}")
@@ -83,6 +87,7 @@ class AllSourcesExhausted(GatewayUnavailableError):
         self.last_error = last_error
         self.trail = _trail(trail)
         self.rate_limited = bool(rate_limited)
+        self.starved_class = starved_class
         super().__init__(
             reason,
             scope,

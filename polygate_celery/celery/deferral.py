@@ -28,7 +28,12 @@ from celery.exceptions import Ignore, Reject
 from polygate_celery.celery.broker import unacked_window_s
 from polygate_celery.celery.guard import ExecutionGuard, quietly
 from polygate_celery.celery.identity import COPY, DEFERRALS
-from polygate_celery.celery.parking import broker_retrying, capture_message, lot_name
+from polygate_celery.celery.parking import (
+    broker_retrying,
+    capture_message,
+    lot_name,
+    starved_index,
+)
 from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.celery.signals import task_deferred
 from polygate_celery.celery.worker import start_release_loop
@@ -201,8 +206,12 @@ def defer(
     _record_deferred(task, reason, scope, estimate, count, now + delay, chosen)
     entry = guard.run.deferred().key
     # An outage's deferral (not a wait for rate limits to reset) is indexed by its scope:
-    # the scope's next success makes it due at once (`Lot.wake`).
+    # the scope's next success makes it due at once (`Lot.wake`); a class's starved by
+    # others, by its scope and class: a success of that class's (the others' do not).
     outage = scope if reason == "stalled" and not step.reset else None
+    starved_class = getattr(verdict, "starved_class", None)
+    if outage is not None and starved_class is not None:
+        outage = starved_index(outage, starved_class)
     if chosen == "park" and _park(task, runtime, entry, delay, signature, guard, outage):
         guard.forget()  # the lot marked this run finished as it took the message
     else:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from polygate_celery.celery.parking import lot_name
+from polygate_celery.celery.parking import lot_name, starved_index
 from polygate_celery.celery.runtime import WorkerRuntime
 from polygate_celery.errors import GovernanceBackendError
 from polygate_celery.governance.loop import CallResult
@@ -104,7 +104,9 @@ class _Calls:
             self.tenant if tenant is None else tenant,
         )
 
-    async def _governed(self, make: Callable[[], Awaitable[CallResult]], scope: str) -> CallResult:
+    async def _governed(
+        self, make: Callable[[], Awaitable[CallResult]], scope: str, priority: str | None
+    ) -> CallResult:
         position = next(self._positions)
         key = None
         if self._reuse:
@@ -116,7 +118,7 @@ class _Calls:
                     self.reused += 1
                     return _decode(kept)
         result = await make()
-        await self._wake_parked(scope, result)
+        await self._wake_parked(scope, result, priority)
         if key is not None:
             try:
                 ttl = int(self.runtime.config.deferral.reuse_ttl_s)
@@ -125,32 +127,37 @@ class _Calls:
                 pass  # keeping a paid result is a saving, never a reason to fail
         return result
 
-    async def _wake_parked(self, scope: str, result: CallResult) -> None:
+    async def _wake_parked(self, scope: str, result: CallResult, priority: str | None) -> None:
         """The scope answered: the tasks its outage parked become due now (SPEC §3 rule
         16), instead of when their estimated delays end; the release loop publishes them
-        and the scope's permits and quotas pace their runs. Never fails the call.
+        and the scope's permits and quotas pace their runs. So do the tasks of the call's
+        class (`priority`, None for the default) that other classes starved: their class
+        is served again (SPEC §8). Never fails the call.
 
-        Once per `WAKE_INTERVAL_S` per scope and process at most: a success of a scope
+        Once per `WAKE_INTERVAL_S` per index and process at most: a success of a scope
         that serves needs no script of its own, and a recovery is seen within it."""
         if self.runtime.state is None:
             return
+        indexes = [scope]
+        classes = list(self.runtime.config.priorities)
+        if classes:
+            rank = self.runtime.config.standing(priority, None).rank
+            indexes.append(starved_index(scope, classes[rank]))
         now = self.runtime.gateway.clock.now()
-        if now - self.runtime.woken_at.get(scope, -WAKE_INTERVAL_S) < WAKE_INTERVAL_S:
-            return
-        self.runtime.woken_at[scope] = now
-        try:
-            lot = self.runtime.state.lot(lot_name(self.runtime.app))
-            woken = await lot.wake(scope)
-        except Exception:
-            logger.warning("scope %r: waking its parked tasks failed", scope, exc_info=True)
-            return
-        if woken:
-            logger.info(
-                "scope %r answers again (%s): %d parked task(s) due now",
-                scope,
-                result.source,
-                woken,
-            )
+        for index in indexes:
+            if now - self.runtime.woken_at.get(index, -WAKE_INTERVAL_S) < WAKE_INTERVAL_S:
+                continue
+            self.runtime.woken_at[index] = now
+            try:
+                lot = self.runtime.state.lot(lot_name(self.runtime.app))
+                woken = await lot.wake(index)
+            except Exception:
+                logger.warning("%r: waking its parked tasks failed", index, exc_info=True)
+                continue
+            if woken:
+                logger.info(
+                    "%r served again (%s): %d parked task(s) due now", index, result.source, woken
+                )
 
     async def _redis(self, command: str, *args: Any, **kwargs: Any) -> Any:
         assert self.runtime.redis is not None
@@ -261,6 +268,7 @@ class AsyncGovernedCalls(_Calls):
                 tenant=tenant,
             ),
             chosen,
+            priority,
         )
 
 

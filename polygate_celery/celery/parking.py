@@ -22,7 +22,10 @@ whose publish fails for its own fault, goes whole to the lot's dead letters
 (``:dead``, shown by ``polygate-celery status``) once, and its round goes on.
 An outage's entries are also indexed by scope: a success of the scope makes them
 due at once, and while they are all parked the release loop makes the earliest
-due about once per probe interval, so the scope is probed (`Lot.wake`).
+due about once per probe interval, so the scope is probed (`Lot.wake`). The
+entries of a priority class starved by others while the scope served them are
+indexed by scope and class instead (`starved_index`): a success of a call of that
+class makes them due, and the earliest is made due about once per stall window.
 While Redis or the broker is unreachable the loop backs off (bounded, jittered)
 and logs once when it starts failing and once when it recovers.
 
@@ -57,6 +60,7 @@ from tenacity import (
 
 from polygate_celery.celery.parked_message import PUBLISH_FIELDS, entry_error, no_route
 from polygate_celery.celery.state import Lot, ParkingLot
+from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import DeferralConfig
 from polygate_celery.core.backoff import backoff_delay
 
@@ -153,6 +157,34 @@ def _drop_confirming(connection: Any) -> None:
     if options.get("confirm_publish"):
         with contextlib.suppress(Exception):
             connection.collect()
+
+
+def starved_index(scope: str, priority: str) -> str:
+    """What a lot indexes the tasks of class `priority` starved in `scope` under, beside
+    the scope's own index (an outage's); configured names never hold an ``@``."""
+    return f"{scope}@{priority}"
+
+
+# A scope's parked tasks send it a probe at least this often (SPEC §5: a source that
+# recovers gets traffic back within about one probe interval, <= 15 s by default).
+PROBE_INTERVAL_MAX_S = 15.0
+
+
+def probe_intervals(config: GatewayConfig) -> dict[str, float]:
+    """Per scope, how often one of its parked tasks comes back to probe it while an outage
+    has parked them all: its sources' shortest breaker cooldown, at most 15 s; per scope
+    and class below the first, while other classes starve it: its governed stall window."""
+    intervals = {
+        name: min(
+            [PROBE_INTERVAL_MAX_S]
+            + [config.sources[s].breaker.cooldown_s for s in scope.sources if s in config.sources]
+        )
+        for name, scope in config.scopes.items()
+    }
+    for name, scope in config.for_governed_tasks().scopes.items():
+        for priority in list(config.priorities)[1:]:
+            intervals[starved_index(name, priority)] = scope.stall_window_s
+    return intervals
 
 
 def lot_name(app: Celery) -> str:

@@ -36,7 +36,7 @@ from polygate_celery.celery.broker import (
     transport_options,
 )
 from polygate_celery.celery.chords import install_counting_request
-from polygate_celery.celery.parking import Releaser, lot_name
+from polygate_celery.celery.parking import Releaser, lot_name, probe_intervals
 from polygate_celery.celery.priority import check_task_classes
 from polygate_celery.celery.registry import governed_tasks
 from polygate_celery.celery.runtime import (
@@ -264,23 +264,6 @@ def start_release_loop(app: Celery) -> Releaser | None:
         return None
     with runtime.making:
         return _start_release_loop(app, runtime)
-
-
-# A scope's parked tasks send it a probe at least this often (SPEC §5: a source that
-# recovers gets traffic back within about one probe interval, <= 15 s by default).
-PROBE_INTERVAL_MAX_S = 15.0
-
-
-def probe_intervals(config: GatewayConfig) -> dict[str, float]:
-    """Per scope, how often one of its parked tasks comes back to probe it while an outage
-    has parked them all: its sources' shortest breaker cooldown, at most 15 s."""
-    return {
-        name: min(
-            [PROBE_INTERVAL_MAX_S]
-            + [config.sources[s].breaker.cooldown_s for s in scope.sources if s in config.sources]
-        )
-        for name, scope in config.scopes.items()
-    }
 
 
 def _start_release_loop(app: Celery, runtime: WorkerRuntime) -> Releaser:

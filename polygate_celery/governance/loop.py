@@ -157,16 +157,14 @@ class GovernedCall:
         try:
             result = await self._drive()
         except AllSourcesExhausted as exc:
+            stalled = exc.reason == "stalled"
+            if stalled and self.progress_rank is not None:  # by its class: starved?
+                exc.starved_class = await verdicts.starved(self.rt, self.plan, self.priority)
             self._emit_verdict(exc.reason, exc.retry_after_s)
-            if exc.reason == "stalled" and self.rt.scope_gate and not self.state.gated:
-                await verdicts.close_gate(
-                    self.rt,
-                    self.plan,
-                    self.call_id,
-                    exc,
-                    self.state.last_error,
-                    by_class=self.progress_rank is not None,
-                )
+            gate = stalled and self.rt.scope_gate and not self.state.gated
+            if gate and exc.starved_class is None:  # an outage
+                error = self.state.last_error
+                await verdicts.close_gate(self.rt, self.plan, self.call_id, exc, error)
             raise
         except SourceFatalError as exc:
             self._emit_verdict("fatal", None, exc.source)

@@ -32,22 +32,30 @@ def fatal(plan: ScopePlan, state: CallState, verdict: Fail) -> SourceFatalError:
     return SourceFatalError(verdict.reason, plan.name, verdict.source, verdict.status, state.trail)
 
 
+async def starved(rt: Runtime, plan: ScopePlan, priority: str | None) -> str | None:
+    """`priority`, if a call of that class judged stalled on its class's progress was
+    starved by other classes: the scope made progress within its stall window (SPEC
+    §8); else None. Starved, it is no outage: the scope's gate stays open to the
+    others, and a deferred task waits for its class (`AllSourcesExhausted.starved_class`).
+    Not known (the store failing): None."""
+    try:
+        served = await rt.store.progress_age_s(plan.name) < plan.stall_window_s
+    except Exception:
+        logger.debug("scope %r: its progress could not be read", plan.name, exc_info=True)
+        return None
+    return priority if served else None
+
+
 async def close_gate(
     rt: Runtime,
     plan: ScopePlan,
     call_id: str,
     exc: AllSourcesExhausted,
     error: str | None,
-    by_class: bool = False,
 ) -> None:
-    """Close the scope's gate; the call that closed an open one says so, once fleet-wide.
-    A call judged stalled on its own class's progress (`by_class`) closes it only if the
-    scope too has made no progress within its stall window: a class starved by a higher
-    one defers, and the scope stays open to the others (SPEC §8)."""
+    """Close the scope's gate; the call that closed an open one says so, once fleet-wide."""
     seconds = exc.retry_after_s
     try:
-        if by_class and await rt.store.progress_age_s(plan.name) < plan.stall_window_s:
-            return
         closed = await rt.store.close_gate(
             plan.name, seconds, exc.rate_limited, call_id, error=error
         )

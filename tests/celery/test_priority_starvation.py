@@ -9,11 +9,12 @@ import threading
 import time
 from typing import Any
 
+from polygate_celery.celery.parking import lot_name
 from polygate_celery.telemetry import DeferralEvent, VerdictEvent
 from polygate_celery.testing.simulator import SimulatedProvider
-from tests.celery.app import ask
+from tests.celery.app import app, ask
 from tests.celery.conftest import Worker
-from tests.celery.test_outcomes import runs
+from tests.celery.test_outcomes import runs, wait_until
 from tests.conftest import Recorder
 
 # Batch has no floor: while interactive calls wait, batch gets nothing.
@@ -39,6 +40,11 @@ def interactive_load(runtime: Any, until: float, sent: list[int]) -> list[thread
     return threads
 
 
+def indexed(runtime: Any, lot: Any, index: str) -> int:
+    """Entries a lot indexes under `index` (a scope's outage, or a starved class's)."""
+    return int(runtime.run(lot.client.zcard(lot.scope_index(index))))
+
+
 def test_a_starved_batch_task_parks_and_runs_once_capacity_frees(
     governed_worker: Worker, broker: str, provider: SimulatedProvider
 ) -> None:
@@ -58,6 +64,11 @@ def test_a_starved_batch_task_parks_and_runs_once_capacity_frees(
         load = interactive_load(runtime, time.monotonic() + LOAD_S, sent)
         time.sleep(0.5)  # the interactive callers hold the permit and wait for it
         results = [ask.delay(f"batch {n}") for n in range(BATCH_TASKS)]
+        # parked for their class, not as the scope's outage: the interactive calls'
+        # successes do not wake them, a batch call's success would (or a probe)
+        lot = runtime.state.lot(lot_name(app))
+        wait_until(lambda: indexed(runtime, lot, "chat@batch") > 0)
+        assert indexed(runtime, lot, "chat") == 0
         for thread in load:
             thread.join()
         assert [r.get(timeout=60) for r in results] == ["fine"] * BATCH_TASKS

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from polygate_celery.celery.parking import ParkingLot
-from polygate_celery.celery.worker import probe_intervals
+from polygate_celery import parse_config
+from polygate_celery.celery.parking import ParkingLot, probe_intervals
 from tests.conftest import make_config
 from tests.integration.conftest import PARKED_MESSAGE
 
@@ -70,3 +70,22 @@ def test_the_probe_interval_is_the_shortest_cooldown_at_most_15_s() -> None:
     assert probe_intervals(make_config("chat")) == {"s": 10.0}
     slow = make_config("chat", {"a": {"breaker": {"cooldown_s": 60}}})
     assert probe_intervals(slow) == {"s": 15.0}
+
+
+def test_a_class_starved_in_a_scope_is_probed_once_per_governed_stall_window() -> None:
+    classes = parse_config(
+        {
+            "sources": {"a": {}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"]}, "t": {"kind": "chat",
+                       "sources": ["a"], "stall_window_s": 5}},
+            "priorities": {"interactive": {}, "normal": {}, "batch": {}},
+        }
+    )  # fmt: skip
+    assert probe_intervals(classes) == {
+        "s": 10.0,
+        "t": 10.0,
+        "s@normal": 60.0,  # a governed task's default
+        "s@batch": 60.0,
+        "t@normal": 5.0,  # as set
+        "t@batch": 5.0,
+    }

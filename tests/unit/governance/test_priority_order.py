@@ -111,6 +111,7 @@ async def test_a_call_starved_by_a_higher_class_stalls_while_the_scope_lives(
     with pytest.raises(AllSourcesExhausted) as verdict:
         await gw.call("s", "batch")
     assert verdict.value.reason == "stalled"
+    assert verdict.value.starved_class == "batch"  # no outage: a task parks for its class
     assert clock.now() - started <= 30 + 2 * ANSWER_S
     assert not [r for r in caplog.records if "gate closed" in r.getMessage()]
     stop.set()
@@ -139,4 +140,19 @@ async def test_an_interactive_call_overtakes_batch_calls_waiting_for_the_quota(
     sent = [entry.payload for entry in source.journal]
     assert sent[:6] == [f"batch{i}" for i in range(6)], sent  # the bucket's burst
     assert sent[6:] == ["urgent", "batch7", "batch8", "batch6"], sent  # batch6's slot taken
+    await gw.aclose()
+
+
+async def test_a_stall_of_every_class_is_an_outage_not_a_starvation(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """Classes declared, the only source down: a batch call's stall verdict finds the
+    scope stalled too. It is an outage: no class starved it, and the gate closes."""
+    source = ScriptedSource.always(clock, steps.server_error(duration_s=1.0))
+    gw = gateway(classes(), {"a": source}, scope_gate=True)
+    with pytest.raises(AllSourcesExhausted) as verdict:
+        await gw.call("s", "batch")
+    assert verdict.value.reason == "stalled"
+    assert verdict.value.starved_class is None
+    assert await gw.store.gate_closed_for_s("s") > 0
     await gw.aclose()
