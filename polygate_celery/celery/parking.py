@@ -173,7 +173,7 @@ PROBE_INTERVAL_MAX_S = 15.0
 def probe_intervals(config: GatewayConfig) -> dict[str, float]:
     """Per scope, how often one of its parked tasks comes back to probe it while an outage
     has parked them all: its sources' shortest breaker cooldown, at most 15 s; per scope
-    and class below the first, while other classes starve it: its governed stall window."""
+    and class, while other classes starve it: the scope's governed stall window."""
     intervals = {
         name: min(
             [PROBE_INTERVAL_MAX_S]
@@ -182,7 +182,7 @@ def probe_intervals(config: GatewayConfig) -> dict[str, float]:
         for name, scope in config.scopes.items()
     }
     for name, scope in config.for_governed_tasks().scopes.items():
-        for priority in list(config.priorities)[1:]:
+        for priority in config.priorities:
             intervals[starved_index(name, priority)] = scope.stall_window_s
     return intervals
 

@@ -84,8 +84,6 @@ def test_a_class_starved_in_a_scope_is_probed_once_per_governed_stall_window() -
     assert probe_intervals(classes) == {
         "s": 10.0,
         "t": 10.0,
-        "s@normal": 60.0,  # a governed task's default
-        "s@batch": 60.0,
-        "t@normal": 5.0,  # as set
-        "t@batch": 5.0,
+        **{f"s@{c}": 60.0 for c in ("interactive", "normal", "batch")},  # a governed task's
+        **{f"t@{c}": 5.0 for c in ("interactive", "normal", "batch")},  # as set
     }
