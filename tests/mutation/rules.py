@@ -198,6 +198,23 @@ MUTATIONS = (
         ("tests/celery/test_outcomes.py",),
     ),
     Mutation(
+        "starved-not-outage",
+        "a call stalled on its class's progress while the scope served others is starved, "
+        "not an outage (SPEC §8)",
+        "polygate_celery/governance/loop.py",
+        "                exc.starved_class = await verdicts.starved(self.rt, self.plan, self.priority)\n",
+        "",
+        ("tests/unit/governance/test_priority_order.py",),
+    ),
+    Mutation(
+        "starved-parks-for-class",
+        "a task starved by other classes parks for its class, not as its scope's outage",
+        "polygate_celery/celery/deferral.py",
+        "        outage = starved_index(outage, starved_class)\n",
+        "        pass\n",
+        ("tests/celery/test_priority_starvation.py",),
+    ),
+    Mutation(
         "quota-class-takes",
         "a caller waiting for a quota takes the soonest slot a lower class booked (Redis)",
         "polygate_celery/store/redis/lua/admit_booking.lua",
