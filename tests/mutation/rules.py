@@ -202,8 +202,9 @@ MUTATIONS = (
         "a call stalled on its class's progress while the scope served others is starved, "
         "not an outage (SPEC §8)",
         "polygate_celery/governance/loop.py",
-        "                exc.starved_class = await verdicts.starved(self.rt, self.plan, self.priority)\n",
-        "",
+        "                exc.starved_class = await verdicts.starved("
+        "self.rt, self.plan, self.priority)\n",
+        "                pass\n",
         ("tests/unit/governance/test_priority_order.py",),
     ),
     Mutation(
