@@ -131,6 +131,7 @@ def test_a_class_without_a_floor_is_never_owed_whatever_its_credit() -> None:
     assert not owed({0: 0.5}, 0, (0.0, 0.1))
     assert not owed({3: 0.5}, 3, (0.0, 0.1))  # beyond the floors declared
     assert credit_of({}, 3, (0.0, 0.1)) == -1.0
+    assert credit_of({}, 2, (0.0, 0.1)) == -1.0  # the first rank beyond them
 
 
 def test_a_credit_at_the_tolerance_below_0_is_owed() -> None:
