@@ -12,13 +12,13 @@
 local function hand_on(pkey, queue, alive, skey, floors, now, channel, name, own_origin,
     local_wakes)
   while true do
-    local head, score = next_waiter(queue, skey, floors)
+    local head, score, counts = next_waiter(queue, skey, floors)
     if not head then return false end
     local claim_end = tonumber(redis.call('ZSCORE', alive, head) or '-1e300')
     redis.call('ZREM', queue, head)
     redis.call('ZREM', alive, head)
     if claim_end > now then
-      served(skey, score, floors)
+      served(skey, score, floors, counts)
       local origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
       redis.call('ZADD', pkey, now + tonumber(claim), '~' .. call)
       if origin == own_origin then

@@ -5,16 +5,18 @@
 -- standing.lua gives them: the state hash keeps, per class r, its virtual time fv<r>
 -- and grant counter fc<r>, and the classes' floors, ffloors.
 
--- The waiter served next of `queue` (member, score), nil if none: the head, unless a
--- class with waiters is below its floor (core.standing.next_class); `floors` as the
--- state hash holds them (its ffloors field, read by the caller).
+-- The waiter served next of `queue` (member, score, and the grant counters it read
+-- for `served`), nil if none: the head, unless a class with waiters is below its floor
+-- (core.standing.next_class); `floors` as the state hash holds them (its ffloors
+-- field, read by the caller).
 local function next_waiter(queue, skey, floors)
+  local counts = nil
   if floors and floors ~= '' then
     local fl = {}
     for f in string.gmatch(floors, '[^,]+') do fl[#fl + 1] = tonumber(f) end
     local fields = {}
     for r = 0, #fl - 1 do fields[#fields + 1] = 'fc' .. r end
-    local counts = redis.call('HMGET', skey, unpack(fields))
+    counts = redis.call('HMGET', skey, unpack(fields))
     local total = 0
     for r = 1, #fl do total = total + tonumber(counts[r] or '0') end
     local best, best_ratio = nil, nil
@@ -29,24 +31,21 @@ local function next_waiter(queue, skey, floors)
         end
       end
     end
-    if best then return best[1], tonumber(best[2]) end
+    if best then return best[1], tonumber(best[2]), counts end
   end
   local h = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
   if not h[1] then return nil end
-  return h[1], tonumber(h[2])
+  return h[1], tonumber(h[2]), counts
 end
 
 -- A waiter of `score` was served: its class's virtual time moves to its tag, and,
--- with `floors`, the grant counters count it.
-local function served(skey, score, floors)
+-- with `floors`, the grant counters (`counts`, as next_waiter read them) count it.
+local function served(skey, score, floors, counts)
   local rank = math.floor(score / RANK_SPAN)
   local fields = {'fv' .. rank, fmt(score - rank * RANK_SPAN)}
-  if floors and floors ~= '' then
+  if counts then
     local k = 0
     for _ in string.gmatch(floors, '[^,]+') do k = k + 1 end
-    local names = {}
-    for r = 0, k - 1 do names[#names + 1] = 'fc' .. r end
-    local counts = redis.call('HMGET', skey, unpack(names))
     for r = 0, k - 1 do
       local c = tonumber(counts[r + 1] or '0') * DECAY
       if r == rank then c = c + 1 end

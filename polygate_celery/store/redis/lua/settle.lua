@@ -248,11 +248,20 @@ end
 
 -- hand the freed permit to the live waiter served next (serving.lua), if the source
 -- can run a call now
-local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-if not first[1] then return reply(1) end  -- nobody waits: nothing more to do
+local floors = a[17] ~= nil and a[17] ~= '' and a[17] or nil
+local first = nil
+if not floors then  -- (most sources: no floors; nobody waits, nothing more to do)
+  first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  if not first[1] then return reply(1) end
+end
 -- include: serving
-local head, score = first[1], tonumber(first[2])  -- the head, unless a floor says else
-if a[17] and a[17] ~= '' then head, score = next_waiter(KEYS[6], skey, a[17]) end
+local head, score, counts  -- the head, unless a floor says else (its counters read)
+if first then
+  head, score = first[1], tonumber(first[2])
+else
+  head, score, counts = next_waiter(KEYS[6], skey, floors)
+  if not head then return reply(1) end  -- nobody waits
+end
 if mode == 'open' or probe or paused_until > now then return reply(1) end  -- waiters poll
 local in_use = redis.call('ZCARD', KEYS[1])
 local permits = math.max(1, math.min(cap, math.floor(limit)))
@@ -266,13 +275,13 @@ while head do
   redis.call('ZREM', KEYS[6], head)
   redis.call('ZREM', KEYS[7], head)
   if claim_end > now then
-    served(skey, score, a[17])
+    served(skey, score, floors, counts)
     local waiter_origin, call, claim = string.match(head, '^(%S+) (%S+) (%S+)$')
     redis.call('ZADD', KEYS[1], now + tonumber(claim), '~' .. call)
     if waiter_origin == origin then return reply(call) end
     redis.call('PUBLISH', ARGV[20] .. waiter_origin, call .. ' ' .. name)
     return reply(1)
   end
-  head, score = next_waiter(KEYS[6], skey, a[17])
+  head, score, counts = next_waiter(KEYS[6], skey, floors)
 end
 return reply(1)
