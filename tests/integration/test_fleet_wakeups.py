@@ -189,21 +189,24 @@ async def test_a_release_wakes_the_waiter_of_another_process_at_once(
         await client.aclose()
 
 
-async def test_a_killed_waiter_delays_the_next_grant_by_its_claim_at_most(
-    redis_url: str, fleet_prefix: str, figures: Figures
-) -> None:
-    """The permit handed to a SIGKILLed waiter comes back when the claim ends (3 s by
-    default), not with the 30 s lease, nor never."""
-    order_key, hold_key = f"{fleet_prefix}:order", f"{fleet_prefix}:hold"
-    queue = KeySpace(fleet_prefix).queue("w")
+async def _after_a_killed_waiter(
+    redis_url: str, prefix: str, dead: dict[str, Any], following: dict[str, Any]
+) -> float:
+    """A holder of the only permit; a waiter (`dead` added to its spec) queued, then
+    SIGKILLed; another (`following`) queued behind it; the permit released: seconds
+    until the other got it. Both live processes succeeded, in that order."""
+    order_key, hold_key = f"{prefix}:order", f"{prefix}:hold"
+    queue = KeySpace(prefix).queue("w")
     client = redis_client(redis_url, socket_timeout_s=30)
-    holder = await _holder(redis_url, fleet_prefix, order_key, hold_key)
+    holder = await _holder(redis_url, prefix, order_key, hold_key)
     try:
-        dead = await spawn_worker(_waiter_spec(redis_url, fleet_prefix, order_key, "dead"))
+        spec = _waiter_spec(redis_url, prefix, order_key, "dead")
+        killed = await spawn_worker({**spec, **dead})
         await _queued(client, queue, 1)
-        os.kill(dead.pid, signal.SIGKILL)
-        await dead.wait()
-        following = await spawn_worker(_waiter_spec(redis_url, fleet_prefix, order_key, "next"))
+        os.kill(killed.pid, signal.SIGKILL)
+        await killed.wait()
+        spec = _waiter_spec(redis_url, prefix, order_key, "next")
+        behind = await spawn_worker({**spec, **following})
         await _queued(client, queue, 2)
         released = time.monotonic()
         await client.rpush(hold_key, "go")
@@ -211,16 +214,25 @@ async def test_a_killed_waiter_delays_the_next_grant_by_its_claim_at_most(
             assert time.monotonic() - released < 30, "the next waiter never got the permit"
             await asyncio.sleep(0.02)
         waited = time.monotonic() - released
-        assert [r["outcomes"] for r in [await result_of(holder), await result_of(following)]] == [
+        assert [r["outcomes"] for r in [await result_of(holder), await result_of(behind)]] == [
             {"success": 1},
             {"success": 1},
         ]
         assert await client.lrange(order_key, 0, -1) == ["holder", "next"]
-        # its claim (3 s) and one poll of the next waiter (1 s), with room for a busy machine
-        assert waited < CLAIM_S + POLL_S + 10
-        figures(f"a SIGKILLed waiter: the next waiter's grant {waited:.1f} s after the release")
+        return waited
     finally:
         await client.aclose()
+
+
+async def test_a_killed_waiter_delays_the_next_grant_by_its_claim_at_most(
+    redis_url: str, fleet_prefix: str, figures: Figures
+) -> None:
+    """The permit handed to a SIGKILLed waiter comes back when the claim ends (3 s by
+    default), not with the 30 s lease, nor never."""
+    waited = await _after_a_killed_waiter(redis_url, fleet_prefix, {}, {})
+    # its claim (3 s) and one poll of the next waiter (1 s), with room for a busy machine
+    assert waited < CLAIM_S + POLL_S + 10
+    figures(f"a SIGKILLed waiter: the next waiter's grant {waited:.1f} s after the release")
 
 
 async def test_a_killed_waiter_of_a_higher_class_holds_up_a_lower_one_by_its_claim_at_most(
@@ -228,31 +240,12 @@ async def test_a_killed_waiter_of_a_higher_class_holds_up_a_lower_one_by_its_cla
 ) -> None:
     """Classes declared: an interactive waiter, first in the queue, is SIGKILLed; the
     batch waiter behind it gets the released permit when the dead one's claim ends."""
-    order_key, hold_key = f"{fleet_prefix}:order", f"{fleet_prefix}:hold"
-    queue = KeySpace(fleet_prefix).queue("w")
     classes = {"priorities": {"interactive": {}, "batch": {"default": True}}}
-    client = redis_client(redis_url, socket_timeout_s=30)
-    holder = await _holder(redis_url, fleet_prefix, order_key, hold_key)
-    try:
-        spec = _waiter_spec(redis_url, fleet_prefix, order_key, "dead")
-        dead = await spawn_worker({**spec, **classes, "priority": "interactive"})
-        await _queued(client, queue, 1)
-        os.kill(dead.pid, signal.SIGKILL)
-        await dead.wait()
-        spec = _waiter_spec(redis_url, fleet_prefix, order_key, "next")
-        following = await spawn_worker({**spec, **classes, "priority": "batch"})
-        await _queued(client, queue, 2)
-        released = time.monotonic()
-        await client.rpush(hold_key, "go")
-        while await client.llen(order_key) < 2:
-            assert time.monotonic() - released < 30, "the batch waiter never got the permit"
-            await asyncio.sleep(0.02)
-        assert (await result_of(following))["outcomes"] == {"success": 1}
-        assert (await result_of(holder))["outcomes"] == {"success": 1}
-        assert await client.lrange(order_key, 0, -1) == ["holder", "next"]
-        assert time.monotonic() - released < CLAIM_S + POLL_S + 10
-    finally:
-        await client.aclose()
+    interactive = {**classes, "priority": "interactive"}
+    waited = await _after_a_killed_waiter(
+        redis_url, fleet_prefix, interactive, {**classes, "priority": "batch"}
+    )
+    assert waited < CLAIM_S + POLL_S + 10
 
 
 async def test_callers_waiting_for_a_quota_are_served_in_the_order_they_booked(
