@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,3 +198,15 @@ def act_as_worker(spec_json: str | None, worker: Callable[[dict[str, Any]], Any]
         return False
     print(json.dumps(asyncio.run(worker(json.loads(spec_json)))), flush=True)
     return True
+
+
+def report_on_a_private_redis(report: Callable[[str], Awaitable[str]], failed: str) -> None:
+    """Print what `report` makes of a run against a private ``redis-server`` (its URL
+    given), and exit with `failed` if the report says **FAILED**."""
+    from tests.redis_server import RedisServer  # noqa: PLC0415
+
+    with RedisServer() as server:
+        text = asyncio.run(report(server.url))
+    print(text)
+    if "**FAILED**" in text:
+        raise SystemExit(failed)

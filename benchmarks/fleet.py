@@ -38,6 +38,7 @@ from benchmarks._fleet import (  # noqa: E402
     chat_config,
     count_admissions,
     ready_then_wait,
+    report_on_a_private_redis,
     run_fleet,
 )
 from benchmarks._processes import head_commit  # noqa: E402
@@ -200,13 +201,10 @@ def main() -> None:
     args = parser.parse_args()
     if act_as_worker(args.worker, worker):
         return
-    from tests.redis_server import RedisServer  # noqa: PLC0415
-
-    with RedisServer() as server:
-        report = asyncio.run(run(server.url, args.processes, args.callers))
-    print(report)
-    if "**FAILED**" in report:
-        raise SystemExit("the fleet went over its cap or quota, or a call did not succeed")
+    report_on_a_private_redis(
+        lambda url: run(url, args.processes, args.callers),
+        "the fleet went over its cap or quota, or a call did not succeed",
+    )
 
 
 if __name__ == "__main__":

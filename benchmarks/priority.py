@@ -42,6 +42,7 @@ from benchmarks._fleet import (  # noqa: E402
     count_waits,
     fleet_args,
     ready_then_wait,
+    report_on_a_private_redis,
     run_fleet,
 )
 
@@ -212,15 +213,10 @@ def main() -> None:
     args = fleet_args(parser, worker)
     if args is None:
         return
-    from tests.redis_server import RedisServer  # noqa: PLC0415
-
-    with RedisServer() as server:
-        report = asyncio.run(
-            run(server.url, args.processes, args.batch_callers, args.warmup_s, args.label)
-        )
-    print(report)
-    if "**FAILED**" in report:
-        raise SystemExit("a target missed (see the report)")
+    report_on_a_private_redis(
+        lambda url: run(url, args.processes, args.batch_callers, args.warmup_s, args.label),
+        "a target missed (see the report)",
+    )
 
 
 if __name__ == "__main__":

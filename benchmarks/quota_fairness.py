@@ -39,6 +39,7 @@ from benchmarks._fleet import (  # noqa: E402
     count_waits,
     fleet_args,
     ready_then_wait,
+    report_on_a_private_redis,
     run_fleet,
 )
 
@@ -135,14 +136,11 @@ def main() -> None:
     args = fleet_args(parser, worker)
     if args is None:
         return
-    from tests.redis_server import RedisServer  # noqa: PLC0415
 
-    with RedisServer() as server:
-        row = asyncio.run(run(server.url, args.processes, args.callers, args.calls, args.label))
-    print(HEADER)
-    print(row)
-    if "**FAILED**" in row:
-        raise SystemExit("a provider refusal, or a call that did not succeed")
+    async def table(url: str) -> str:
+        return f"{HEADER}\n{await run(url, args.processes, args.callers, args.calls, args.label)}"
+
+    report_on_a_private_redis(table, "a provider refusal, or a call that did not succeed")
 
 
 if __name__ == "__main__":
