@@ -50,25 +50,47 @@ class Stopped(BaseException):
         return 128 + self.signum
 
 
+class Received:
+    """The stopping signal `stopped_by_signals` has received, if any. Its handler raises
+    where the demo is, but Python drops an exception raised inside a ``__del__`` or a
+    callback it calls for a library; `check`, called where the demo polls, raises it
+    again so that a lost raise cannot leave the demo running."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def check(self) -> None:
+        """Raise what the signal received raised (`Stopped`, or `KeyboardInterrupt` for
+        Ctrl-C); nothing if none was."""
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+
 @contextlib.contextmanager
-def stopped_by_signals(signals: Sequence[int] = STOPPING_SIGNALS) -> Iterator[None]:
-    """Inside, the first of `signals` raises `Stopped`; later ones, while the demo cleans
-    up, are ignored. The previous handlers come back on the way out.
+def stopped_by_signals(signals: Sequence[int] = STOPPING_SIGNALS) -> Iterator[Received]:
+    """Inside, the first of `signals` raises `Stopped` (Ctrl-C, `KeyboardInterrupt`, as
+    ever); later ones, and a Ctrl-C after them, are ignored while the demo cleans up. The
+    previous handlers come back on the way out.
 
     Python can set signal handlers in its main thread only: elsewhere this does nothing."""
+    received = Received()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
-    received: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if not received:
-            received.append(signum)
-            raise Stopped(signum)
+        if received.signum is None:
+            received.signum = signum
+            received.check()
 
-    previous = {signum: signal.signal(signum, stop) for signum in signals}
+    handled = list(signals)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when ignored
+        handled.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, stop) for signum in handled}
     try:
-        yield
+        yield received
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from polygate_celery.demo.display import Display, Frame, plot_timeline
 from polygate_celery.demo.lifecycle import (
+    Received,
     cli_command,
     status_command,
     stopped_by_signals,
@@ -116,8 +117,8 @@ def run_pipeline(
     `outage` is in seconds after the summariser's first request; `plot`, a PNG to draw
     the run's timeline to; `keep`, leave the Redis and the run's configuration up after
     a finished run, and say how to look at them and how to stop them."""
-    with stopped_by_signals():
-        return _run(documents, pages, redis_url, out, timeout_s, outage, plot, keep)
+    with stopped_by_signals() as received:
+        return _run(documents, pages, redis_url, out, timeout_s, outage, plot, keep, received)
 
 
 def _run(
@@ -129,6 +130,7 @@ def _run(
     outage: tuple[float, float],
     plot: Path | None,
     keep: bool,
+    received: Received,
 ) -> Report:
     from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider  # noqa: PLC0415
 
@@ -177,7 +179,7 @@ def _run(
               f"  {status_command(config)} --watch\n", file=out)  # fmt: skip
         app, tracker = _send(env, documents, pages)
         print(f"Sent {documents} documents of {pages} pages: {tracker.total} tasks.\n", file=out)
-        _watch(app, tracker, provider, worker, out, started, timeout_s)
+        _watch(app, tracker, provider, worker, out, started, timeout_s, received)
         _summary(tracker, provider, out, time.monotonic() - started, outage)
         if plot is not None:
             plot_timeline(
@@ -276,10 +278,12 @@ def _watch(
     out: TextIO,
     started: float,
     timeout_s: float,
+    received: Received,
 ) -> None:
     display = Display(out, [(scope, len(tracker.ids[scope])) for scope in SCOPES])
     try:
         while True:
+            received.check()  # a signal whose raise was lost
             now = provider.since_start()
             tracker.poll(app, now)
             display.show(_frame(tracker, provider, now), final=tracker.done)

@@ -98,7 +98,11 @@ def test_a_signal_stops_the_demo_and_everything_it_started(
     assert config.exists()
 
     os.kill(demo.process.pid, signum)  # the demo alone, as `kill` and `timeout` do
-    assert demo.process.wait(30) == 128 + signum
+    try:
+        status = demo.process.wait(30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the demo did not stop within 30 s of {signum.name}:\n{demo.output}")
+    assert status == 128 + signum, demo.output
     _, alive = psutil.wait_procs(demo.started, timeout=10)
     assert not alive, [(p.pid, p.name()) for p in alive]
     if signum != signal.SIGINT:  # Ctrl-C stays quiet, as everywhere in the command line

@@ -4,6 +4,7 @@ name the program as it was run."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import tomllib
@@ -43,6 +44,34 @@ def test_a_second_signal_while_it_cleans_up_is_ignored() -> None:
         _stop_then_insist(cleaned)
     assert cleaned == [True]
     assert stopped.value.signum == signal.SIGTERM
+
+
+def test_a_signal_whose_raise_was_lost_is_raised_again_where_the_demo_polls() -> None:
+    with stopped_by_signals() as received:
+        with contextlib.suppress(Stopped):  # as Python drops a raise inside a __del__
+            signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(Stopped) as stopped:
+            received.check()
+    assert stopped.value.signum == signal.SIGTERM
+
+
+def _press_ctrl_c_twice(cleaned: list[bool]) -> None:
+    try:
+        signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.raise_signal(signal.SIGINT)  # pressed again while it cleans up
+        cleaned.append(True)
+
+
+def test_ctrl_c_raises_keyboard_interrupt_once_and_then_is_ignored_while_it_cleans_up() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    cleaned: list[bool] = []
+    with pytest.raises(KeyboardInterrupt), stopped_by_signals() as received:
+        _press_ctrl_c_twice(cleaned)
+    assert cleaned == [True]
+    with pytest.raises(KeyboardInterrupt):
+        received.check()
+    assert signal.getsignal(signal.SIGINT) == before
 
 
 def test_the_run_configuration_reads_back_as_written() -> None:
