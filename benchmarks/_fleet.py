@@ -168,15 +168,24 @@ def chat_config(base_url: str, model: str, cap: int, rpm: int) -> dict[str, Any]
     }
 
 
-def bucket_provider(model: str, cap: int, rpm: int, latency_s: tuple[float, float]) -> Any:
+def bucket_provider(
+    model: str, cap: int, rpm: int, latency_s: tuple[float, float], errors: float = 0.0
+) -> Any:
     """A simulated provider serving `model` with a cap and an rpm it counts as a token
-    bucket, answering in `latency_s` (a context manager; its ``url`` and ``journal``)."""
+    bucket, answering in `latency_s`, `errors` of the requests with a 503 (a context
+    manager; its ``url`` and ``journal``)."""
     from polygate_celery.testing.simulator import (  # noqa: PLC0415
         ModelBehaviour,
         SimulatedProvider,
     )
 
-    behaviour = ModelBehaviour(capacity=cap, rpm=rpm, rate_limiter="bucket", latency_s=latency_s)
+    behaviour = ModelBehaviour(
+        capacity=cap,
+        rpm=rpm,
+        rate_limiter="bucket",
+        latency_s=latency_s,
+        error_rates={503: errors} if errors else {},
+    )
     return SimulatedProvider({model: behaviour})
 
 

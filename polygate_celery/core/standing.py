@@ -15,7 +15,9 @@ waiters: at each hand-over, a class with waiters whose share of the recent grant
 (counters decayed by `DECAY` per grant) is below its floor is served before the
 higher classes. On a quota, whose slots are booked ahead and can change hands, a
 class's floor is kept by credit (`used_credits`): a class owed a slot keeps its
-booked slots and takes a higher class's soonest one (`slot_goes_to`). The stores
+booked slots and takes a higher class's soonest one (`slot_goes_to`); within a
+class, a call keeps its place (`arrival_at`): it takes the soonest slot a later call
+of its class booked (`takes_later`). The stores
 keep the state (the tags, the counters, the credits); these functions decide, and
 the Redis scripts mirror them (`standing.lua`, `quota_floors.lua`).
 """
@@ -145,6 +147,21 @@ def slot_goes_to(a: int, b: int, credits: Mapping[int, float], floors: Sequence[
         if credit_b > credit_a:
             return b
     return min(a, b)
+
+
+def arrival_at(store_time_s: float) -> int:
+    """A call's arrival, its place among the waiters of its class on a quota's slots
+    (first come, first served; `AdmitRequest.arrival`): the store's time of its first
+    grant, in microseconds, as admit.lua writes the arrival of a call's first booking."""
+    return round(store_time_s * 1e6)
+
+
+def takes_later(arrival: int | None, rank: int, booker_arrival: int, booker_rank: int) -> bool:
+    """Whether a call that arrived at `arrival`, of class `rank`, takes a slot booked ahead
+    by another of its class that arrived at `booker_arrival`: a call that has arrived
+    (not None) comes before every later one, so a call asking again after a failed
+    attempt, or robbed of its booking, is not sent to the back of its class."""
+    return arrival is not None and booker_rank == rank and booker_arrival > arrival
 
 
 def next_class(waiting: Sequence[int], counts: Mapping[int, float], floors: Sequence[float]) -> int:

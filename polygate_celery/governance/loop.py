@@ -37,7 +37,7 @@ from polygate_celery.clock import Clock, within
 from polygate_celery.core import engine
 from polygate_celery.core.backoff import jitter
 from polygate_celery.core.outcome import AttemptRecord, Outcome
-from polygate_celery.core.standing import PLAIN, Standing
+from polygate_celery.core.standing import PLAIN, Standing, arrival_at
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, SourceFatalError
 from polygate_celery.governance import attempts, verdicts
@@ -137,6 +137,8 @@ class GovernedCall:
         self.progress_rank = standing.rank if rt.classes else None
         self.priority = priority
         self.call_id = next(_permit_ids)
+        # its place in its class on a quota's slots (`AdmitRequest.arrival`), once it has one
+        self.arrival: int | None = None
         rules = plan.for_call(est_tokens, fail_fast, rt.scope_gate)
         self.state = engine.start(rules, rt.clock.now())
         # What carrying the actions out holds: the round's release watch and places in
@@ -266,13 +268,18 @@ class GovernedCall:
                 booked=action.booked,
                 book_within_s=action.book_within_s,
                 standing=self.standing,
+                arrival=self.arrival,
             )
         )
         if isinstance(admission, Denial):
             self._blocked = admission.blocked
+            if self.arrival is None:
+                self.arrival = admission.arrival
             return admission  # a store's `Denial` is the engine's `Refused`
         self._end_round()  # the watch ends with the grant
         self._grant = admission
+        if self.arrival is None:
+            self.arrival = arrival_at(admission.admitted_at)
         return engine.Granted(admission.source)
 
     async def _send(self, action: engine.Send) -> engine.Event:

@@ -70,6 +70,12 @@ class AdmitRequest:
 
     Stores read these four fields together, as `wait` (a `WaitMode`), never one by one.
 
+    `arrival` is the call's place among the waiters of its class, first come first
+    served: the store's time of the call's first grant (`Grant.admitted_at`, in
+    microseconds) or booking (`Denial.arrival`), None before either. A call that asks again
+    after a failed attempt, or whose booked slot a higher class took, keeps it: it
+    takes the soonest slot a later call of its class booked (`core.standing.takes_later`).
+
     `standing` is where the caller stands among the waiters of a source (SPEC §8): its
     priority class's rank, its tenant and the tenant's weight, and the classes' floors
     (`core.standing`), resolved once per call from the configuration
@@ -91,6 +97,7 @@ class AdmitRequest:
     book_within_s: float = 0.0
     booked: bool = True
     standing: Standing = PLAIN
+    arrival: int | None = None
 
     @property
     def wait(self) -> WaitMode:

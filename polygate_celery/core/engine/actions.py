@@ -164,7 +164,9 @@ class Refused:
     closed that much longer, unless a probe succeeds first; `gated_reset` says
     the gate was closed until rate limits reset (see `Store.close_gate`).
     `booked_in_s` is set when the caller holds a booking of a quota's slot (see
-    `AdmitRequest.book_within_s`): it may ask again that much later and be admitted.
+    `AdmitRequest.book_within_s`): it may ask again that much later and be admitted;
+    `arrival` then is the call's place among the waiters of its class, which it gives
+    with each later ask (`AdmitRequest.arrival`).
     `gated_error` is the last error of the verdict that closed the gate: a call the
     gate refuses names it, as its own verdict's last error.
     `errors` holds ``(source, last error)`` for each candidate refused by its breaker
@@ -180,6 +182,7 @@ class Refused:
     booked_in_s: float | None = None
     gated_error: str | None = None
     errors: tuple[tuple[str, str], ...] = ()
+    arrival: int | None = None
 
 
 @message

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from polygate_celery.core.breaker import BreakerState, breaker_admit, breaker_reopens_at
 from polygate_celery.core.quota import BOOKING_SLACK_S
-from polygate_celery.core.standing import used_credits
+from polygate_celery.core.standing import arrival_at, used_credits
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import AdmitRequest, BlockReason, Denial, Grant, WaitMode
@@ -190,9 +190,11 @@ def _deny(
         booked_in_s = book(ledger, candidates, waiter, request, now)
         if booked_in_s is not None:
             reopen.append(booked_in_s)
+    arrival = arrival_at(now) if request.arrival is None else request.arrival  # booked now
     return Denial(
         reopen_in_s=min(reopen) if reopen else None,
         blocked=tuple((r.terms.name, r.say.reasons[0]) for r in refusals),
         booked_in_s=booked_in_s,
         errors=tuple((r.terms.name, r.say.error) for r in refusals if r.say.error is not None),
+        arrival=arrival if booked_in_s is not None else None,
     )

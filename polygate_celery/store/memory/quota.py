@@ -18,7 +18,7 @@ from polygate_celery.core.quota import (
     gcra_settle,
     window_wait,
 )
-from polygate_celery.core.standing import PLAIN, slot_goes_to
+from polygate_celery.core.standing import PLAIN, arrival_at, slot_goes_to, takes_later
 from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import AdmitRequest
 from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
@@ -148,7 +148,7 @@ def book(
             best = (slot, tats, dims, state)
     assert best is not None
     slot, tats, dims, state = best
-    if request.standing is not PLAIN:
+    if request.standing is not PLAIN or request.arrival is not None:
         taken = take_lower(ledger, candidates, call_id, request, slot, now)
         if taken is not None:
             return taken
@@ -156,9 +156,15 @@ def book(
         return None
     for dim, tat in zip(dims, tats, strict=True):
         dim.charge(tat)
-    rank = float(request.standing.rank)
-    state.booked[call_id] = [slot, slot + request.claim_s, rank, float(request.est_tokens)]
+    state.booked[call_id] = _booking(request, slot, now)
     return slot - now
+
+
+def _booking(request: AdmitRequest, slot: float, now: float) -> list[float]:
+    """What `SourceState.booked` keeps of the caller's booking of `slot`."""
+    rank, est = float(request.standing.rank), float(request.est_tokens)
+    arrival = arrival_at(now) if request.arrival is None else request.arrival
+    return [slot, slot + request.claim_s, rank, est, float(arrival)]
 
 
 TAKE_SCAN = 32  # the soonest bookings ahead looked at, per candidate (as admit_booking.lua)
@@ -173,16 +179,21 @@ def take_lower(
     now: float,
 ) -> float | None:
     """A slot ahead that a waiter of a class the caller's is served before booked at one
-    of `candidates`, no later than a new booking's (`fresh_slot`) and within
-    `book_within_s`: taken for the caller (SPEC §8), its quota paid already (the token
-    buckets charged for the caller's estimate instead of the booker's). The waiter it
-    was taken from finds its booking gone when it asks at its slot, and books anew.
+    of `candidates`, or a later call of the caller's class (`core.standing.takes_later`),
+    no later than a new booking's (`fresh_slot`) and within `book_within_s`: taken for
+    the caller (SPEC §8), its quota paid already (the token buckets charged for the
+    caller's estimate instead of the booker's). The waiter it was taken from finds its
+    booking gone when it asks at its slot, and books anew. Another class's slot is taken
+    before a later call's of the caller's own class.
 
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
-    slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`).
-    Seconds until the slot, or None (as admit_booking.lua's `take_lower`)."""
+    slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
+    a `PLAIN` caller takes a later call's slot only. Seconds until the slot, or None (as
+    admit_booking.lua's `take_lower`)."""
     rank, floors = request.standing.rank, request.standing.floors
-    best: tuple[float, SourceTerms, SourceState, str] | None = None
+    plain = request.standing is PLAIN
+    # another class's soonest slot, and a later call's of the caller's own class
+    bests: list[tuple[float, SourceTerms, SourceState, str] | None] = [None, None]
     for terms, state in candidates:
         ahead = sorted(
             (booking[1], other)
@@ -191,19 +202,26 @@ def take_lower(
         )[:TAKE_SCAN]
         for _, other in ahead:
             slot, theirs = state.booked[other][0], int(state.booked[other][2])
-            if theirs == rank or slot <= now or (best is not None and slot >= best[0]):
+            which = int(theirs == rank)
+            best = bests[which]
+            if slot <= now or (best is not None and slot >= best[0]):
                 continue
-            if slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
+            if theirs == rank:
+                if not takes_later(request.arrival, rank, int(state.booked[other][4]), theirs):
+                    continue  # its own class: an earlier call's
+            elif plain or slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
                 continue  # higher, or owed a slot
-            best = (slot, terms, state, other)
+            bests[which] = (slot, terms, state, other)
+    # (another class's first: the classes' order and floors come before the order within one)
+    best = bests[0] if bests[0] is not None else bests[1]
     if best is None or best[0] - now > request.book_within_s or best[0] > fresh_slot:
         return None
     slot, terms, state, other = best
-    _, _, _, booker_est = state.booked.pop(other)
+    booker_est = state.booked.pop(other)[3]
     for dim in _dims(ledger, terms, state, request.est_tokens, now):
         if dim.tokens:  # charged for the booker's estimate: now for the caller's
             dim.charge(gcra_settle(dim.tat, int(booker_est), request.est_tokens, dim.limit))
-    state.booked[call_id] = [slot, slot + request.claim_s, float(rank), float(request.est_tokens)]
+    state.booked[call_id] = _booking(request, slot, now)
     return slot - now
 
 

@@ -57,7 +57,7 @@ class SourceState:
     # The classes' credits on its quota slots (`core.standing.used_credits`), by rank.
     slot_credits: dict[int, float] = field(default_factory=dict)
     # Quota slots booked by waiting calls: call id -> [slot, end of its claim, class rank,
-    # estimated tokens].
+    # estimated tokens, arrival (`AdmitRequest.arrival`)].
     booked: dict[str, list[float]] = field(default_factory=dict)
     # The source's last error (as settle.lua keeps it), and when its breaker last opened.
     error: str | None = None

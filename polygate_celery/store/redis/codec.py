@@ -44,7 +44,7 @@ class _Admitted(IntEnum):
     DENIED = 0  # reopen_in_s, then (name, reason, error) per refusing candidate
     GRANTED = 1  # name, admitted_at, then (call, source) per waiter handed on to
     GATED = 2  # gated_for_s, reset, error
-    DENIED_BOOKED = 3  # reopen_in_s, booked_in_s, then as DENIED
+    DENIED_BOOKED = 3  # reopen_in_s, booked_in_s, arrival, then as DENIED
     PROBE = 4  # name, admitted_at, turned, open_s, error, then as GRANTED
 
 
@@ -66,7 +66,7 @@ def fmt(x: float) -> str:
 
 
 def encode_admit(request: AdmitRequest, wait: WaitMode, now: bytes) -> tuple[bytes, ...]:
-    """admit.lua's per-call arguments, ARGV[1..9] (`wait`: the request's, read once)."""
+    """admit.lua's per-call arguments, ARGV[1..10] (`wait`: the request's, read once)."""
     return (
         now,
         request.permit_id.encode(),
@@ -77,6 +77,7 @@ def encode_admit(request: AdmitRequest, wait: WaitMode, now: bytes) -> tuple[byt
         fmt(request.claim_s).encode(),
         fmt(request.book_within_s).encode() if request.book_within_s > 0 else b"",
         b"" if request.standing is PLAIN else standing_arg(request.standing),
+        b"" if request.arrival is None else str(request.arrival).encode(),
     )
 
 
@@ -117,8 +118,8 @@ def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResu
                     gated_error=said or None,
                 )
             )
-        booked = kind is _Admitted.DENIED_BOOKED  # then the slot it booked comes next
-        named = reply[3:] if booked else reply[2:]
+        booked = kind is _Admitted.DENIED_BOOKED  # then the slot it booked, and its arrival
+        named = reply[4:] if booked else reply[2:]
         names, said = named[::3], named[2::3]
         reasons: list[tuple[str, BlockReason]] = [
             (str(name), reason) for name, reason in zip(names, named[1::3], strict=True)
@@ -130,6 +131,7 @@ def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResu
                 tuple(reasons),
                 booked_in_s=float(reply[2]) if booked else None,
                 errors=errors,
+                arrival=int(reply[3]) if booked else None,
             )
         )
 

@@ -10,6 +10,7 @@ from polygate_celery.core.standing import (
     CREDIT_TOLERANCE,
     DECAY,
     RANK_SPAN,
+    arrival_at,
     corrected,
     credit_of,
     next_class,
@@ -21,6 +22,7 @@ from polygate_celery.core.standing import (
     served_counts,
     slot_goes_to,
     tag,
+    takes_later,
     trimmed,
     used_credits,
 )
@@ -223,3 +225,16 @@ def test_only_trailing_zeros_are_trimmed() -> None:
     assert trimmed([1, 0, 2, 0, 0]) == (1, 0, 2)
     assert trimmed([1, 2, 0]) == (1, 2)
     assert trimmed([0, 0]) == ()
+
+
+def test_a_call_takes_a_later_call_of_its_class_only() -> None:
+    assert takes_later(100, 1, 200, 1)  # a later call of its own class
+    assert not takes_later(200, 1, 100, 1)  # an earlier one
+    assert not takes_later(100, 1, 100, 1)  # itself, or a tie
+    assert not takes_later(100, 1, 200, 2)  # another class: the classes' rules decide
+    assert not takes_later(None, 1, 200, 1)  # no arrival yet: it is the latest
+
+
+def test_an_arrival_is_the_store_time_in_microseconds() -> None:
+    assert arrival_at(1733460000.1234567) == 1733460000123457
+    assert arrival_at(0.0) == 0  # a valid arrival (virtual time), not "none"

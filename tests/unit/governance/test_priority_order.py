@@ -126,7 +126,8 @@ async def test_an_interactive_call_overtakes_batch_calls_waiting_for_the_quota(
     """A quota (6 RPM as a bucket: six at once, then a slot every 10 s) binds, not the
     permits: the batch calls beyond its burst have booked its next slots. An interactive
     call takes the soonest of them and is sent next; the batch call it was taken from
-    books again, after the others."""
+    keeps its place in its class: it takes the next batch call's slot, that one the
+    next's, and the last books anew (first come, first served within a class)."""
     source = ScriptedSource.always(clock, steps.ok(duration_s=0.1))
     config = parse_config(
         {
@@ -139,7 +140,7 @@ async def test_an_interactive_call_overtakes_batch_calls_waiting_for_the_quota(
     await backlog_then_urgent(clock, gw, [], 9, 0.1)
     sent = [entry.payload for entry in source.journal]
     assert sent[:6] == [f"batch{i}" for i in range(6)], sent  # the bucket's burst
-    assert sent[6:] == ["urgent", "batch7", "batch8", "batch6"], sent  # batch6's slot taken
+    assert sent[6:] == ["urgent", "batch6", "batch7", "batch8"], sent  # batch6's slot taken
     await gw.aclose()
 
 

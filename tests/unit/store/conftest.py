@@ -15,7 +15,7 @@ import pytest
 
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import RateLimits
-from polygate_celery.core.standing import PLAIN, Standing
+from polygate_celery.core.standing import PLAIN, Standing, arrival_at
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store import (
     AdmitRequest,
@@ -29,12 +29,14 @@ from polygate_celery.testing import VirtualClock
 
 
 class Harness:
-    """Protocol calls in one line each, with fresh permit ids by default."""
+    """Protocol calls in one line each, with fresh permit ids by default; a waiter gives
+    the arrival its first grant or booking told it, as the governance loop does."""
 
     def __init__(self, store: Store, clock: VirtualClock) -> None:
         self.store = store
         self.clock = clock
         self._ids = itertools.count(1)
+        self.arrivals: dict[str, int] = {}  # waiter -> its arrival (`AdmitRequest.arrival`)
 
     def new_id(self) -> str:
         return f"permit-{next(self._ids)}"
@@ -51,7 +53,7 @@ class Harness:
         standing: Standing = PLAIN,
     ) -> Grant | Denial:
         """Admit; `waiter` (a call id) waits if refused: it queues, claiming `claim_s`, and
-        books a quota's slot up to `book_within_s` ahead."""
+        books a quota's slot up to `book_within_s` ahead, at its arrival."""
         request = AdmitRequest(
             scope,
             candidates,
@@ -61,8 +63,15 @@ class Harness:
             claim_s=claim_s if waiter else 0.0,
             book_within_s=book_within_s,
             standing=standing,
+            arrival=self.arrivals.get(waiter) if waiter else None,
         )
-        return await self.store.admit(request)
+        answer = await self.store.admit(request)
+        if waiter and waiter not in self.arrivals:
+            if isinstance(answer, Grant):
+                self.arrivals[waiter] = arrival_at(answer.admitted_at)
+            elif answer.arrival is not None:
+                self.arrivals[waiter] = answer.arrival
+        return answer
 
     async def grant(self, *candidates: SourceTerms, **kwargs: object) -> Grant:
         result = await self.admit(*candidates, **kwargs)  # type: ignore[arg-type]

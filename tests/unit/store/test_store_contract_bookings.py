@@ -58,6 +58,38 @@ async def test_waiting_callers_book_consecutive_slots_in_the_order_they_asked(
     assert isinstance(await h.admit(RPM, waiter="c", **WITHIN), Grant)
 
 
+async def test_a_call_asking_again_keeps_its_place_before_later_calls(h: Harness) -> None:
+    """First come, first served within a class: a call granted at once whose attempt
+    failed (it asks again, at its arrival) takes the soonest slot a later call booked;
+    that call, robbed, takes the next later call's, and the last books anew. An earlier
+    call's slot is never taken."""
+    early = await h.grant(RPM, waiter="early", **WITHIN)  # the burst's first: it arrived first
+    await h.settle(early, RPM)
+    await drain(h, RPM)
+    slot = {}  # caller -> its slot, on the clock
+    for caller in ("a", "b"):
+        h.clock.advance(0.01)  # each comes later
+        slot[caller] = h.clock.now() + (await h.deny(RPM, waiter=caller, **WITHIN)).booked_in_s
+    assert slot["b"] == pytest.approx(slot["a"] + 1.0)
+    again = await h.deny(RPM, waiter="early", **WITHIN)  # its attempt failed: it asks again
+    assert h.clock.now() + again.booked_in_s == pytest.approx(slot["a"])  # a's slot
+    h.clock.advance(0.01)
+    late = await h.deny(RPM, waiter="late", **WITHIN)  # a newcomer takes no earlier call's
+    assert h.clock.now() + late.booked_in_s == pytest.approx(slot["b"] + 1.0)
+    h.clock.advance(slot["a"] - h.clock.now())
+    robbed = await h.deny(RPM, waiter="a", **WITHIN)  # at its slot: gone, so it takes b's
+    assert h.clock.now() + robbed.booked_in_s == pytest.approx(slot["b"])
+    assert isinstance(await h.admit(RPM, waiter="early", **WITHIN), Grant)
+    h.clock.advance(1.0)
+    assert isinstance(await h.admit(RPM, waiter="a", **WITHIN), Grant)
+    last = await h.deny(RPM, waiter="b", **WITHIN)  # robbed, and before "late": its slot
+    assert h.clock.now() + last.booked_in_s == pytest.approx(slot["b"] + 1.0)
+    h.clock.advance(1.0)
+    assert isinstance(await h.admit(RPM, waiter="b", **WITHIN), Grant)
+    moved = await h.deny(RPM, waiter="late", **WITHIN)  # the last robbed: a fresh slot
+    assert h.clock.now() + moved.booked_in_s == pytest.approx(slot["b"] + 2.0)
+
+
 async def test_a_booking_counts_as_an_admission_at_its_slot(h: Harness) -> None:
     first = await drain(h, RPM)
     assert first.reopen_in_s is not None

@@ -31,11 +31,11 @@
 --                                                "<origin> <call id> <claim s>"
 --   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
 --                                                each of its admissions); "@<call id>
---                                                <rank> <claim s> <est>": a quota slot
---                                                that call, of that class, booked -> the
---                                                slot plus its claim (it lapses then; a
---                                                higher class may take it,
---                                                admit_booking.lua)
+--                                                <rank> <claim s> <est> <arrival>": a
+--                                                slot that call, of that class, booked ->
+--                                                the slot plus its claim (it lapses then;
+--                                                a higher class, or an earlier call of
+--                                                its own, may take it, admit_booking.lua)
 --   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until error
 -- ARGV[1]   now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]   permit id (chosen by the caller: a repeated admit returns its first grant)
@@ -56,12 +56,16 @@
 --           most: rank 0, no tenant, weight 1, no floors; it takes no booked slot of
 --           another's), else "<rank>|<weight>|<tenant>|<floors>",
 --           floors the classes' min_share by rank, comma-separated ("" for none)
--- ARGV[10]  lease seconds     ARGV[11]  the caller's origin (its process)
--- ARGV[12]  the wake-up channel of origin X is this text followed by X
--- ARGV[13..16]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
---           BOOKING_SLACK_S; ARGV[17..19] core.standing's RANK_SPAN, DECAY and
+-- ARGV[10]  the call's arrival, its place among the waiters of its class, first come
+--           first served (admit_booking.lua): the store's time of its first grant or
+--           booking, in microseconds; "" for none yet: a booking made now places it
+--           now, and the reply says so
+-- ARGV[11]  lease seconds     ARGV[12]  the caller's origin (its process)
+-- ARGV[13]  the wake-up channel of origin X is this text followed by X
+-- ARGV[14..17]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
+--           BOOKING_SLACK_S; ARGV[18..20] core.standing's RANK_SPAN, DECAY and
 --           CREDIT_TOLERANCE (packed once with the terms, scripts.py)
--- ARGV[20..25] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
+-- ARGV[21..26] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
 --           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket;
 --           -1: not declared: as a bucket, or the provider's window while its answers
 --           show one (core.quota.window_take); else a sliding window of this length)
@@ -80,9 +84,10 @@
 --          {0, reopen_in_s or "", name, reason, error, ...}  a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota; error: the source's last
 --          error where its breaker or a pause refused it, else ""
---          {3, reopen_in_s, booked_in_s, name, reason, error, ...}  a denial, the caller
---                                                         holding a booked slot that far
---                                                         ahead
+--          {3, reopen_in_s, booked_in_s, arrival, name, reason, error, ...}  a
+--                                                         denial, the caller holding a
+--                                                         booked slot that far ahead,
+--                                                         its arrival (ARGV[10])
 --          {2, gated_for_s, reset, error}                 refused by the scope's gate (the
 --                                                         closing verdict's last error)
 --                                                         (reset "1": it opens when
@@ -100,11 +105,11 @@
 
 -- include: clock
 
-local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[13]), tonumber(ARGV[14])
-local MARGIN_S, SLACK_S = tonumber(ARGV[15]), tonumber(ARGV[16])
-local RANK_SPAN, DECAY = tonumber(ARGV[17]), tonumber(ARGV[18])
-local CREDIT_TOLERANCE = tonumber(ARGV[19])
-local T = 19  -- the arguments before the candidates'
+local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[14]), tonumber(ARGV[15])
+local MARGIN_S, SLACK_S = tonumber(ARGV[16]), tonumber(ARGV[17])
+local RANK_SPAN, DECAY = tonumber(ARGV[18]), tonumber(ARGV[19])
+local CREDIT_TOLERANCE = tonumber(ARGV[20])
+local T = 20  -- the arguments before the candidates'
 local NONE = {}  -- no quota's waits, no dimension to book (read only)
 
 -- include: standing
@@ -118,12 +123,14 @@ local may_hold_booking = waits == '3'
 local handed = '~' .. call
 local claim_s = tonumber(ARGV[7])
 local book_within = tonumber(ARGV[8]) or 0
-local function waiter() return ARGV[11] .. ' ' .. call .. ' ' .. ARGV[7] end
+local function waiter() return ARGV[12] .. ' ' .. call .. ' ' .. ARGV[7] end
 -- where a waiter of this caller's standing takes its place (standing.lua)
 local s_rank, s_weight, _, s_floors, s_virtual, s_finish = standing_of(ARGV[9])
 -- a slot this caller books (admit_booking.lua), for a caller that waits
-local booked = waits ~= '0' and ('@' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7] .. ' ' .. ARGV[3])
-  or nil
+-- and its arrival (ARGV[10]: given, or now)
+local arrival = ARGV[10] ~= '' and ARGV[10] or string.format('%.0f', now * 1e6)
+local booked = waits ~= '0'
+  and ('@' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7] .. ' ' .. ARGV[3] .. ' ' .. arrival) or nil
 
 -- A repeated admit returns its first grant. With one candidate and no queue to look
 -- in, the permit's presence is checked where it matters instead: when adding it, and
@@ -256,11 +263,11 @@ for i = 1, n do
     end
   else
     if unchecked then  -- (still unchecked: ZADD NX tells)
-      if redis.call('ZADD', pkey, 'NX', now + tonumber(ARGV[10]), permit) == 0 then
+      if redis.call('ZADD', pkey, 'NX', now + tonumber(ARGV[11]), permit) == 0 then
         return {1, name, fmt(now)}  -- held already: its first grant
       end
     else
-      redis.call('ZADD', pkey, now + tonumber(ARGV[10]), permit)
+      redis.call('ZADD', pkey, now + tonumber(ARGV[11]), permit)
     end
     local fields = {}
     if take_probe then
@@ -304,8 +311,8 @@ for i = 1, n do
           -- include: handover
           redis.call('ZREM', KEYS[6 * j - 5], handed)
           local floors = redis.call('HGET', KEYS[6 * j - 4], 'ffloors')
-          hand_on(KEYS[6 * j - 5], queue, alive, KEYS[6 * j - 4], floors, now, ARGV[12],
-            ARGV[T + 6 * j - 5], ARGV[11], reply)
+          hand_on(KEYS[6 * j - 5], queue, alive, KEYS[6 * j - 4], floors, now, ARGV[13],
+            ARGV[T + 6 * j - 5], ARGV[12], reply)
         end
       end
     end
@@ -322,18 +329,22 @@ end
 if ahead ~= nil then
   denial[1] = 3
   table.insert(denial, 3, fmt(ahead))
+  table.insert(denial, 4, arrival)
 -- Else book the soonest slot the quota buckets of one candidate give (core.quota.gcra_book).
 elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == nil then
   -- include: gcra
   -- include: admit_booking
-  -- a slot booked by a lower class is taken first, if any (standing: a class's rank)
-  local in_s = ARGV[9] ~= ''
-    and take_lower(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est)
+  -- a slot booked by a lower class, or by a later call of this caller's class, is taken
+  -- first, if any (standing: a class's rank; arrival: ARGV[10])
+  local in_s = (ARGV[9] ~= '' or ARGV[10] ~= '')
+    and take_lower(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est,
+      ARGV[10] ~= '' and tonumber(arrival) or nil, ARGV[9] == '')
   if not in_s then in_s = book(bookable, now, book_within, claim_s, booked) end
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end
     denial[1] = 3
     table.insert(denial, 3, fmt(in_s))
+    table.insert(denial, 4, arrival)
   end
 end
 return denial

@@ -36,41 +36,58 @@ local function book(bookable, now, book_within, claim_s, booked)
 end
 
 -- A slot ahead that a waiter of a class this caller's is served before booked at one of
--- `bookable`'s candidates ({candidate i, dims, its credits} each), sooner than a new
--- booking would be and within `book_within` seconds: taken for this caller (SPEC §8).
--- Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
+-- `bookable`'s candidates ({candidate i, dims, its credits} each), or a later call of
+-- this caller's class (`arrival`, the caller's, given: first come, first served within
+-- a class, so a call asking again after a failed attempt keeps its place), sooner than a
+-- new booking would be and within `book_within` seconds: taken for this caller (SPEC
+-- §8). Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
 -- classes' min_share, "" for none; quota_floors.lua's slot_goes_to), else the higher
 -- (the lower rank). The booking moves to `booked`, its quota paid already (the token
 -- buckets charged for this caller's estimate `est` instead of the booker's: settle
 -- corrects from it); the waiter it was taken from finds it gone when it asks at its
--- slot, and books anew. A booking is "@<call> <rank> <claim s> <est>" in the
--- candidate's alive set, scored by its slot plus that claim; waiters' claims score at
--- most now plus theirs, so the bookings ahead are those scored above now plus this
--- caller's claim, and the `TAKE_SCAN` soonest of them are looked at (as the memory
--- store does). Seconds until the slot, or nil.
+-- slot, and books anew (taking, in turn, the slot of the next later call of its class).
+-- A slot of another class is taken before a later call's of the caller's own (a call
+-- owed a slot for its class's floor takes it from the class above, not from its own).
+-- A booking is "@<call> <rank> <claim s> <est> <arrival>" in the candidate's alive set,
+-- scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
+-- the bookings ahead are those scored above now plus this caller's claim, and the
+-- `TAKE_SCAN` soonest of them are looked at (as the memory store does). A `plain`
+-- caller (one class at most, ARGV[9] "") takes a later call's slot only. Seconds until
+-- the slot, or nil.
 local TAKE_SCAN = 32
-local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked, est)
+local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked, est, arrival,
+                          plain)
   local fl = floors_of(floors)
-  local best, best_member, best_slot, best_est = nil, nil, nil, nil
+  local bests = {{}, {}}  -- another class's soonest slot, and a later call's of its own
   for _, b in ipairs(bookable) do
     local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
       '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
     local credits = credits_of(b[3], fl)
     local first = {}  -- another class -> whether this caller's is served before it here
     for k = 1, #ahead, 2 do
-      local r, claim, booker_est = string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+)$')
+      local r, claim, booker_est, booker_arrival =
+        string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (%d+)$')
       r = tonumber(r)
-      if r and r ~= rank and first[r] == nil then
-        first[r] = slot_goes_to(rank, r, credits, fl) == rank
+      if r and r ~= rank and first[r] == nil then  -- (a plain caller takes no other's)
+        first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
       end
+      local which = nil
       if r and r ~= rank and first[r] then
+        which = bests[1]
+      elseif r == rank and arrival ~= nil and tonumber(booker_arrival) > arrival then
+        which = bests[2]
+      end
+      if which then
         local slot = tonumber(ahead[k + 1]) - tonumber(claim)
-        if slot > now and (best_slot == nil or slot < best_slot) then
-          best, best_member, best_slot, best_est = b, ahead[k], slot, tonumber(booker_est)
+        if slot > now and (which.slot == nil or slot < which.slot) then
+          which.b, which.member, which.slot, which.est = b, ahead[k], slot, tonumber(booker_est)
         end
       end
     end
   end
+  -- (another class's first: the classes' order and floors come before the order within one)
+  local pick = bests[1].slot and bests[1] or bests[2]
+  local best, best_member, best_slot, best_est = pick.b, pick.member, pick.slot, pick.est
   if best_slot == nil or best_slot - now > book_within then return nil end
   local _, fresh = fresh_slot(bookable, now)
   if best_slot > fresh then return nil end  -- a new booking comes sooner
