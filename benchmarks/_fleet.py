@@ -169,11 +169,17 @@ def chat_config(base_url: str, model: str, cap: int, rpm: int) -> dict[str, Any]
 
 
 def bucket_provider(
-    model: str, cap: int, rpm: int, latency_s: tuple[float, float], errors: float = 0.0
+    model: str,
+    cap: int,
+    rpm: int,
+    latency_s: tuple[float, float],
+    errors: float = 0.0,
+    headers: str = "none",
 ) -> Any:
     """A simulated provider serving `model` with a cap and an rpm it counts as a token
-    bucket, answering in `latency_s`, `errors` of the requests with a 503 (a context
-    manager; its ``url`` and ``journal``)."""
+    bucket, answering in `latency_s`, `errors` of the requests with a 503, announcing its
+    limits in `headers` ("openai", "anthropic" or "none") (a context manager; its ``url``
+    and ``journal``)."""
     from polygate_celery.testing.simulator import (  # noqa: PLC0415
         ModelBehaviour,
         SimulatedProvider,
@@ -185,6 +191,7 @@ def bucket_provider(
         rate_limiter="bucket",
         latency_s=latency_s,
         error_rates={503: errors} if errors else {},
+        ratelimit_headers=headers,  # type: ignore[arg-type]
     )
     return SimulatedProvider({model: behaviour})
 

@@ -19,10 +19,12 @@ the store keeps `ARRIVAL_MARGIN_S` of a bucket's refill for this).
 
 ``--errors 0.05 --side-by-side`` runs the workload three times, one after the other, with
 the provider answering that share of requests with a 503: the package with the quota
-declared, with it undeclared (learned from the provider's headers), and a FIFO limiter
-of the kind Redis users write (`FIFO_LIMITER`: GCRA reservations, one Lua script, the
-quota's burst, a refused or failed request reserving again). Per row, each call's wait
-(the sum of its waits for admission, its retries' included): median, p99 and slowest.
+declared, with it undeclared (learned from the provider's ``x-ratelimit-*`` headers),
+a FIFO limiter of the kind Redis users write (`FIFO_LIMITER`: GCRA reservations, one
+Lua script, the quota's burst, a refused or failed request reserving again, at the
+back), and the package undeclared against a provider that announces nothing (it learns
+only from 429s). Per row, each call's wait (the sum of its waits for admission, its
+retries' included): median, p99 and slowest.
 """
 
 from __future__ import annotations
@@ -193,15 +195,18 @@ async def run(url: str, processes: int, callers: int, calls: int, label: str) ->
 
 
 async def side_by_side(url: str, processes: int, callers: int, calls: int, errors: float) -> str:
-    """The package, declared and undeclared, beside the FIFO limiter: one row each."""
+    """The package, declared and undeclared, beside the FIFO limiter: one row each. The
+    provider announces its limits as OpenAI does (``x-ratelimit-*``), but in the last
+    row, where it says nothing until it refuses."""
     rows = [SIDE_HEADER]
-    for name, limiter, declared in (
-        ("polygate_celery, rpm declared", "polygate", True),
-        ("polygate_celery, rpm undeclared", "polygate", False),
-        ("FIFO limiter (GCRA reservations)", "fifo", True),
+    for name, limiter, declared, headers in (
+        ("polygate_celery, rpm declared", "polygate", True, "openai"),
+        ("polygate_celery, rpm undeclared (announced)", "polygate", False, "openai"),
+        ("FIFO limiter (GCRA reservations), rpm declared", "fifo", True, "openai"),
+        ("polygate_celery, rpm undeclared, no headers", "polygate", False, "none"),
     ):
         run_id = uuid.uuid4().hex[:8]
-        with bucket_provider("fair-model", CAP, RPM, LATENCY_S, errors) as provider:
+        with bucket_provider("fair-model", CAP, RPM, LATENCY_S, errors, headers) as provider:
             spec = {
                 "base_url": provider.url,
                 "prefix": f"fair-{run_id}",
@@ -225,8 +230,11 @@ async def side_by_side(url: str, processes: int, callers: int, calls: int, error
             f"| {statistics.median(waits):.1f} / {p99:.1f} / {waits[-1]:.1f} s "
             f"| {fleet.elapsed_s:.1f} s |"
         )
-        if served != calls:
-            rows.append(f"\n**FAILED**: {served} of {calls} calls served ({name})\n")
+        if served != calls or (headers != "none" and limiter != "fifo" and statuses["429"]):
+            rows.append(
+                f"\n**FAILED** ({name}): {served} of {calls} calls served, "
+                f"{statuses['429']} provider 429s\n"
+            )
     return "\n".join(rows)
 
 

@@ -39,3 +39,15 @@ def test_the_quota_fairness_row_reports_waits_and_no_refusal() -> None:
     (row,) = [line for line in report.splitlines() if line.startswith("| this commit ")]
     assert "| {'success': 12} |" in row
     assert "FAILED" not in report
+
+
+def test_the_side_by_side_table_has_the_package_beside_a_fifo_limiter() -> None:
+    report = run(
+        "quota_fairness.py", "--side-by-side", "--errors", "0.1",
+        "--processes", "2", "--callers", "2", "--calls", "12",
+    )  # fmt: skip
+    rows = [line for line in report.splitlines() if line.startswith("| polygate_celery")]
+    assert len(rows) == 3, report
+    assert any(line.startswith("| FIFO limiter") for line in report.splitlines()), report
+    assert all("| 12 / 12 |" in row for row in rows), report
+    assert "FAILED" not in report
