@@ -147,7 +147,7 @@ async def fifo_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
         await asyncio.gather(*(caller() for _ in range(spec["callers"])))
     await client.aclose()
-    return {"call_waits": call_waits, "verdicts": {"success": statuses[200]}}
+    return {"call_waits": call_waits, "verdicts": {"success": statuses[200]}, "admits": 0}
 
 
 async def any_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -223,12 +223,14 @@ async def side_by_side(url: str, processes: int, callers: int, calls: int, error
             journal = provider.journal
         waits = sorted(w for r in fleet.results for w in r["call_waits"])
         served = sum(r["verdicts"].get("success", 0) for r in fleet.results)
+        asks = sum(r["admits"] for r in fleet.results)
+        refused = f"{(asks - len(journal)) / len(journal):.2f}" if asks else "-"
         statuses = Counter(str(e.status) for e in journal)
         p99 = waits[min(len(waits) - 1, int(0.99 * len(waits)))]
         rows.append(
             f"| {name} | {served} / {calls} | {statuses['503']} | {statuses['429']} "
             f"| {statistics.median(waits):.1f} / {p99:.1f} / {waits[-1]:.1f} s "
-            f"| {fleet.elapsed_s:.1f} s |"
+            f"| {refused} | {fleet.elapsed_s:.1f} s |"
         )
         if served != calls or (headers != "none" and limiter != "fifo" and statuses["429"]):
             rows.append(
@@ -240,7 +242,8 @@ async def side_by_side(url: str, processes: int, callers: int, calls: int, error
 
 SIDE_HEADER = (
     "| limiter | calls served | provider 503s | provider 429s "
-    "| wait per call p50 / p99 / slowest | run |\n|---|---|---|---|---|---|"
+    "| wait per call p50 / p99 / slowest | refused admissions per request sent | run |"
+    "\n|---|---|---|---|---|---|---|"
 )
 
 
