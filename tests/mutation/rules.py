@@ -257,6 +257,14 @@ MUTATIONS = (
         ("tests/unit/governance/test_priority_order.py",),
     ),
     Mutation(
+        "call-arrives-at-first-grant",
+        "a call's arrival is its first grant's time: failed, it asks again before later calls",
+        "polygate_celery/governance/loop.py",
+        "            self.arrival = arrival_at(admission.admitted_at)\n",
+        "            pass\n",
+        ("tests/unit/governance/test_quota_arrival.py",),
+    ),
+    Mutation(
         "quota-floor-kept",
         "a class owed a quota slot keeps its booked slots, and takes a higher one's (Redis)",
         "polygate_celery/store/redis/lua/quota_floors.lua",
