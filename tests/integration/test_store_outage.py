@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -44,13 +45,17 @@ class Load:
     gateway: Gateway
     calls: list[tuple[float, float, str]] = field(default_factory=list)
     running: bool = True
+    served: list[tuple[float, str | None, str | None]] = field(default_factory=list)
 
-    async def caller(self, payload: str = "x") -> None:
+    async def caller(
+        self, payload: str = "x", priority: str | None = None, tenant: str | None = None
+    ) -> None:
         while self.running:
             started = time.monotonic()
             try:
-                await self.gateway.call("s", payload)
+                await self.gateway.call("s", payload, priority=priority, tenant=tenant)
                 verdict = "success"
+                self.served.append((started, priority, tenant))
             except GovernanceBackendError:
                 verdict = "backend_error"
                 await asyncio.sleep(0.05)
@@ -73,20 +78,33 @@ async def witness() -> AsyncIterator[Witness]:
     await witness.stop()
 
 
+# Classes and tenants (SPEC §8): callers of both classes, of three tenants, by turns.
+CLASSES = {
+    "priorities": {"interactive": {}, "batch": {"default": True, "min_share": 0.1}},
+    "tenants": {"a": {"weight": 1}, "b": {"weight": 2}, "c": {"weight": 5}},
+}
+
+
 async def run_load(
-    server: RedisServer, witness: Witness, disturb: Any, callers: int = 6
+    server: RedisServer, witness: Witness, disturb: Any, callers: int = 6, classes: bool = False
 ) -> tuple[Load, dict[str, float]]:
     config = parse_config(
         {
             "sources": {"w": {"max_concurrency": CAP, "timeout_s": 30}},
             "scopes": {"s": {"kind": "embedding", "sources": ["w"], "poll_interval_s": 0.1}},
+            **(CLASSES if classes else {}),
         }
     )
     store = RedisStore.from_url(server.url, lease_s=LEASE_S, socket_timeout_s=SOCKET_TIMEOUT_S)
     source = WitnessSource(witness.port)
     load = Load(Gateway(config, {"w": source}, store=store))
-    tasks = [asyncio.ensure_future(load.caller()) for _ in range(callers)]
-    tasks.append(asyncio.ensure_future(load.caller("long")))  # in flight when Redis goes
+    standings = itertools.cycle(
+        itertools.product(["interactive", "batch"], "abc") if classes else [(None, None)]
+    )
+    tasks = [asyncio.ensure_future(load.caller("x", *next(standings))) for _ in range(callers)]
+    # in flight when Redis goes (of the class served first, when there are classes)
+    long_standing = ("interactive", "a") if classes else (None, None)
+    tasks.append(asyncio.ensure_future(load.caller("long", *long_standing)))
     try:
         await asyncio.sleep(1.0)
         marks = await disturb()
@@ -143,6 +161,26 @@ async def test_redis_crashed_and_restarted(server: RedisServer, witness: Witness
 
     load, marks = await run_load(server, witness, crash)
     assert_fails_closed_and_recovers(load, witness, marks["down"], marks["up"])
+
+
+async def test_redis_crashed_and_restarted_with_classes_and_tenants(
+    server: RedisServer, witness: Witness
+) -> None:
+    """As above, with priority classes (a floor) and weighted tenants: the queues, tags
+    and credits in Redis go with it and come back from its log; no call goes out while
+    it is away, the cap holds, and every class and tenant is served afterwards."""
+
+    async def crash() -> dict[str, float]:
+        down = time.monotonic()
+        server.kill()
+        await asyncio.sleep(4.0)
+        server.start()
+        return {"down": down, "up": time.monotonic()}
+
+    load, marks = await run_load(server, witness, crash, callers=12, classes=True)
+    assert_fails_closed_and_recovers(load, witness, marks["down"], marks["up"])
+    after = {(priority, tenant) for start, priority, tenant in load.served if start >= marks["up"]}
+    assert after == set(itertools.product(["interactive", "batch"], "abc")), after
 
 
 async def test_script_flush_mid_run_fails_no_call(server: RedisServer, witness: Witness) -> None:
