@@ -75,6 +75,8 @@ class AdmitRequest:
     microseconds) or booking (`Denial.arrival`), None before either. A call that asks again
     after a failed attempt, or whose booked slot a higher class took, keeps it: it
     takes the soonest slot a later call of its class booked (`core.standing.takes_later`).
+    A caller gives the arrival its booking's denial told it: the Redis store finds the
+    booking by it (a caller that lost that reply books a second slot).
 
     `standing` is where the caller stands among the waiters of a source (SPEC §8): its
     priority class's rank, its tenant and the tenant's weight, and the classes' floors

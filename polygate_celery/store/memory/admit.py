@@ -190,7 +190,10 @@ def _deny(
         booked_in_s = book(ledger, candidates, waiter, request, now)
         if booked_in_s is not None:
             reopen.append(booked_in_s)
-    arrival = arrival_at(now) if request.arrival is None else request.arrival  # booked now
+    if booked:  # the arrival its booking keeps
+        arrival = int(booked[0][4])
+    else:  # (a booking made now places the call now)
+        arrival = arrival_at(now) if request.arrival is None else request.arrival
     return Denial(
         reopen_in_s=min(reopen) if reopen else None,
         blocked=tuple((r.terms.name, r.say.reasons[0]) for r in refusals),

@@ -139,7 +139,8 @@ def book(
     now: float,
 ) -> float | None:
     """Book the soonest slot the quotas of one candidate give, if soon enough: seconds
-    until it. A sooner slot a lower class booked is taken instead (`take_lower`)."""
+    until it. A sooner slot a lower class, or a later call of the caller's class, booked
+    is taken instead (`take_booked`)."""
     best: tuple[float, list[float], list[_Dim], SourceState] | None = None
     for terms, state in candidates:
         dims = _dims(ledger, terms, state, request.est_tokens, now)
@@ -149,7 +150,7 @@ def book(
     assert best is not None
     slot, tats, dims, state = best
     if request.standing is not PLAIN or request.arrival is not None:
-        taken = take_lower(ledger, candidates, call_id, request, slot, now)
+        taken = take_booked(ledger, candidates, call_id, request, slot, now)
         if taken is not None:
             return taken
     if slot - now > request.book_within_s:
@@ -170,7 +171,7 @@ def _booking(request: AdmitRequest, slot: float, now: float) -> list[float]:
 TAKE_SCAN = 32  # the soonest bookings ahead looked at, per candidate (as admit_booking.lua)
 
 
-def take_lower(
+def take_booked(
     ledger: Ledger,
     candidates: list[tuple[SourceTerms, SourceState]],
     call_id: str,
@@ -184,12 +185,12 @@ def take_lower(
     the caller (SPEC §8), its quota paid already (the token buckets charged for the
     caller's estimate instead of the booker's). The waiter it was taken from finds its
     booking gone when it asks at its slot, and books anew. Another class's slot is taken
-    before a later call's of the caller's own class.
+    before a later call's of the caller's own class, if either is soon enough.
 
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
     a `PLAIN` caller takes a later call's slot only. Seconds until the slot, or None (as
-    admit_booking.lua's `take_lower`)."""
+    admit_booking.lua's `take_booked`)."""
     rank, floors = request.standing.rank, request.standing.floors
     plain = request.standing is PLAIN
     # another class's soonest slot, and a later call's of the caller's own class
@@ -212,11 +213,16 @@ def take_lower(
             elif plain or slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
                 continue  # higher, or owed a slot
             bests[which] = (slot, terms, state, other)
-    # (another class's first: the classes' order and floors come before the order within one)
-    best = bests[0] if bests[0] is not None else bests[1]
-    if best is None or best[0] - now > request.book_within_s or best[0] > fresh_slot:
+    # Another class's first (the classes' order and floors come before the order within
+    # one), if soon enough: no later than a new booking, and within `book_within_s`.
+    soon = [
+        b
+        for b in bests
+        if b is not None and b[0] - now <= request.book_within_s and b[0] <= fresh_slot
+    ]
+    if not soon:
         return None
-    slot, terms, state, other = best
+    slot, terms, state, other = soon[0]
     booker_est = state.booked.pop(other)[3]
     for dim in _dims(ledger, terms, state, request.est_tokens, now):
         if dim.tokens:  # charged for the booker's estimate: now for the caller's

@@ -90,6 +90,25 @@ async def test_a_call_asking_again_keeps_its_place_before_later_calls(h: Harness
     assert h.clock.now() + moved.booked_in_s == pytest.approx(slot["b"] + 2.0)
 
 
+async def test_a_later_call_of_its_class_is_taken_when_another_class_is_too_far(
+    h: Harness,
+) -> None:
+    """A slot of another class comes first, but only a slot soon enough: beyond the
+    caller's booking horizon, the soonest slot of a later call of its own class is
+    taken instead of none."""
+    early = await h.grant(RPM, waiter="early", standing=INTERACTIVE, **WITHIN)
+    await h.settle(early, RPM)
+    h.clock.advance(0.01)  # the others come later
+    await drain(h, RPM)
+    later = [await h.deny(RPM, waiter=w, standing=INTERACTIVE, **WITHIN) for w in ("i1", "i2")]
+    far = await h.deny(RPM, waiter="b1", standing=BATCH, **WITHIN)
+    assert far.booked_in_s is not None
+    assert later[0].booked_in_s is not None
+    assert far.booked_in_s > 2.0 >= later[0].booked_in_s
+    again = await h.deny(RPM, waiter="early", standing=INTERACTIVE, book_within_s=2.0)
+    assert again.booked_in_s == pytest.approx(later[0].booked_in_s)  # i1's slot
+
+
 async def test_a_booking_counts_as_an_admission_at_its_slot(h: Harness) -> None:
     first = await drain(h, RPM)
     assert first.reopen_in_s is not None
@@ -185,23 +204,29 @@ BATCH = Standing(rank=1)
 async def test_a_higher_class_takes_the_soonest_slot_a_lower_class_booked(h: Harness) -> None:
     """SPEC §8: among callers waiting for a quota, a higher class is served first. A
     batch backlog has booked the bucket's next slots; an interactive caller takes the
-    soonest of them (its quota paid already), and the batch caller it was taken from
-    finds it gone at its slot and books anew, after the others."""
+    soonest of them (its quota paid already). The batch caller it was taken from finds
+    it gone at its slot and keeps its place in its class: it takes the next batch
+    caller's slot, that one the next's, and the last books anew."""
     first = await drain(h, RPM)
     assert first.reopen_in_s is not None
-    batch = [await h.deny(RPM, waiter=w, standing=BATCH, **WITHIN) for w in ("b1", "b2", "b3")]
-    assert [d.booked_in_s for d in batch] == pytest.approx(
-        [first.reopen_in_s, first.reopen_in_s + 1.0, first.reopen_in_s + 2.0]
-    )
+    slot = {}  # caller -> its slot, on the clock
+    for waiter in ("b1", "b2", "b3"):
+        h.clock.advance(0.01)  # each comes later
+        booked = await h.deny(RPM, waiter=waiter, standing=BATCH, **WITHIN)
+        slot[waiter] = h.clock.now() + booked.booked_in_s
+    assert slot["b2"] == pytest.approx(slot["b1"] + 1.0)
+    assert slot["b3"] == pytest.approx(slot["b2"] + 1.0)
     urgent = await h.deny(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
-    assert urgent.booked_in_s == pytest.approx(first.reopen_in_s)  # b1's slot, not a fourth
-    h.clock.advance(first.reopen_in_s)
+    assert h.clock.now() + urgent.booked_in_s == pytest.approx(slot["b1"])  # not a fourth
+    h.clock.advance(slot["b1"] - h.clock.now())
     taken = await h.admit(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
     assert isinstance(taken, Grant)
     bumped = await h.deny(RPM, waiter="b1", standing=BATCH, **WITHIN)
-    assert bumped.booked_in_s == pytest.approx(3.0)  # after b2 and b3: the bucket's next
+    assert h.clock.now() + bumped.booked_in_s == pytest.approx(slot["b2"])  # b2's: before it
     h.clock.advance(1.0)
-    assert isinstance(await h.admit(RPM, waiter="b2", standing=BATCH, **WITHIN), Grant)
+    assert isinstance(await h.admit(RPM, waiter="b1", standing=BATCH, **WITHIN), Grant)
+    moved = await h.deny(RPM, waiter="b2", standing=BATCH, **WITHIN)
+    assert h.clock.now() + moved.booked_in_s == pytest.approx(slot["b3"])
 
 
 async def test_a_class_takes_no_slot_from_its_own_class_or_a_higher_one(h: Harness) -> None:

@@ -54,7 +54,8 @@
 --           as at that slot, and from the slot on it is admitted there uncharged
 -- ARGV[9]   the caller's standing (core.standing): "" for the plain one (one class at
 --           most: rank 0, no tenant, weight 1, no floors; it takes no booked slot of
---           another's), else "<rank>|<weight>|<tenant>|<floors>",
+--           another class's, only a later call's, ARGV[10]), else
+--           "<rank>|<weight>|<tenant>|<floors>",
 --           floors the classes' min_share by rank, comma-separated ("" for none)
 -- ARGV[10]  the call's arrival, its place among the waiters of its class, first come
 --           first served (admit_booking.lua): the store's time of its first grant or
@@ -337,7 +338,7 @@ elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == n
   -- a slot booked by a lower class, or by a later call of this caller's class, is taken
   -- first, if any (standing: a class's rank; arrival: ARGV[10])
   local in_s = (ARGV[9] ~= '' or ARGV[10] ~= '')
-    and take_lower(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est,
+    and take_booked(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est,
       ARGV[10] ~= '' and tonumber(arrival) or nil, ARGV[9] == '')
   if not in_s then in_s = book(bookable, now, book_within, claim_s, booked) end
   if in_s then

@@ -55,8 +55,8 @@ end
 -- caller (one class at most, ARGV[9] "") takes a later call's slot only. Seconds until
 -- the slot, or nil.
 local TAKE_SCAN = 32
-local function take_lower(bookable, now, book_within, rank, floors, claim_s, booked, est, arrival,
-                          plain)
+local function take_booked(bookable, now, book_within, rank, floors, claim_s, booked, est,
+                           arrival, plain)
   local fl = floors_of(floors)
   local bests = {{}, {}}  -- another class's soonest slot, and a later call's of its own
   for _, b in ipairs(bookable) do
@@ -85,12 +85,17 @@ local function take_lower(bookable, now, book_within, rank, floors, claim_s, boo
       end
     end
   end
-  -- (another class's first: the classes' order and floors come before the order within one)
-  local pick = bests[1].slot and bests[1] or bests[2]
-  local best, best_member, best_slot, best_est = pick.b, pick.member, pick.slot, pick.est
-  if best_slot == nil or best_slot - now > book_within then return nil end
+  -- Another class's first (the classes' order and floors come before the order within
+  -- one), if soon enough: no later than a new booking, and within `book_within`.
   local _, fresh = fresh_slot(bookable, now)
-  if best_slot > fresh then return nil end  -- a new booking comes sooner
+  local pick = nil
+  for _, which in ipairs(bests) do
+    if pick == nil and which.slot and which.slot - now <= book_within and which.slot <= fresh then
+      pick = which
+    end
+  end
+  if pick == nil then return nil end
+  local best, best_member, best_slot, best_est = pick.b, pick.member, pick.slot, pick.est
   for _, d in ipairs(best[2]) do  -- the token buckets: this caller's estimate, not the booker's
     if d[5] == 'tok' or d[5] == 'ltok' then
       redis.call('HSET', d[4], d[5], fmt(d[1] + charge_s(est, d[3]) - charge_s(best_est, d[3])))

@@ -6,7 +6,7 @@
 -- slot used by a class with a floor f costs it 1 - f, one used by another earns it f,
 -- within [f - 1, 1] (used_credits); a class whose credit has come round to 0 is owed a
 -- slot (owed): it keeps its booked slots from a higher class, and takes theirs
--- (admit_booking.lua's take_lower).
+-- (admit_booking.lua's take_booked).
 
 -- `floors` ("" or comma-separated min_share by rank) as a list.
 local function floors_of(floors)
