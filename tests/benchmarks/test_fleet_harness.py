@@ -51,3 +51,13 @@ def test_the_side_by_side_table_has_the_package_beside_a_fifo_limiter() -> None:
     assert any(line.startswith("| FIFO limiter") for line in report.splitlines()), report
     assert all("| 12 / 12 |" in row for row in rows), report
     assert "FAILED" not in report
+
+
+def test_the_celery_priorities_table_has_a_row_per_broker_governance_and_phase() -> None:
+    report = run(
+        "celery_priorities.py", "--brokers", "redis",
+        "--batch", "100", "--warmup-s", "3", "--share", "0.05",
+    )  # fmt: skip
+    rows = [line for line in report.splitlines() if line.startswith("| redis |")]
+    assert len(rows) == 4, report  # (FIFO, classes) x (half, above the quota)
+    assert "FAILED" not in report
