@@ -265,6 +265,15 @@ MUTATIONS = (
         ("tests/unit/governance/test_quota_arrival.py",),
     ),
     Mutation(
+        "quota-take-falls-back",
+        "another class's slot too far, a later call's of one's own class is taken (Redis)",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "    if pick == nil and which.slot and which.slot - now <= book_within"
+        " and which.slot <= fresh then\n",
+        "    if pick == nil and which.slot then\n",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
         "quota-floor-kept",
         "a class owed a quota slot keeps its booked slots, and takes a higher one's (Redis)",
         "polygate_celery/store/redis/lua/quota_floors.lua",
