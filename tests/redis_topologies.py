@@ -10,12 +10,14 @@ and waits for the real failover.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -23,9 +25,12 @@ from typing import Self
 
 import redis
 
-from tests.redis_server import free_port, server_binary
+from tests.redis_server import server_binary
 
 SERVICE = "governance"
+"""The prefix of a `SentinelGroup`'s service name (each group's own: `SentinelGroup.service`),
+so that sentinels of groups run side by side never count each other, even on a port
+one group freed and another took."""
 DEADLINE_S = 60.0
 DOWN_AFTER_MS = 3000
 """How long a silent master takes to be called down (Sentinel's down-after-milliseconds,
@@ -33,7 +38,10 @@ a Cluster's node timeout): the failover tests' window in which no master answers
 enough that a busy machine's callers start calls in it."""
 
 
-def wait_for(condition: Callable[[], bool], what: str, within_s: float = DEADLINE_S) -> None:
+def wait_for(
+    condition: Callable[[], bool], what: str | Callable[[], str], within_s: float = DEADLINE_S
+) -> None:
+    """Wait until `condition`; else a `TimeoutError` saying `what` (or what it returns then)."""
     deadline = time.monotonic() + within_s
     while True:
         try:
@@ -42,7 +50,8 @@ def wait_for(condition: Callable[[], bool], what: str, within_s: float = DEADLIN
         except (redis.RedisError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {within_s:g} s")
+            said = what() if callable(what) else what
+            raise TimeoutError(f"{said}: not within {within_s:g} s")
         time.sleep(0.05)
 
 
@@ -97,6 +106,17 @@ def _server_args(port: int) -> list[str]:
     ]  # fmt: skip
 
 
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct free ports of 127.0.0.1 (each held until all are chosen)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
 def _client(port: int) -> redis.Redis:
     return redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
 
@@ -106,8 +126,8 @@ class SentinelGroup(_Processes):
 
     def __init__(self) -> None:
         super().__init__("polygate-sentinel-")
-        self.master_port, self.replica_port = free_port(), free_port()
-        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.service = f"{SERVICE}-{uuid.uuid4().hex[:8]}"
+        self.master_port, self.replica_port, *self.sentinel_ports = _free_ports(5)
 
     @property
     def sentinels(self) -> list[str]:
@@ -141,19 +161,31 @@ class SentinelGroup(_Processes):
             conf = self.dir / f"sentinel-{port}.conf"
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
-                f"sentinel monitor {SERVICE} 127.0.0.1 {self.master_port} 2\n"
-                f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-                f"sentinel failover-timeout {SERVICE} 5000\n"
-                f"sentinel parallel-syncs {SERVICE} 1\n"
+                f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} {DOWN_AFTER_MS}\n"
+                f"sentinel failover-timeout {self.service} 5000\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
             )
             self.spawn(port, str(conf), "--sentinel")
         for port in self.sentinel_ports:
-            wait_for(lambda port=port: self._sees_everyone(port), "the sentinels to meet")
+            wait_for(lambda port=port: self._sees_everyone(port), self._meeting)
+
+    def _meeting(self) -> str:
+        """What each sentinel sees, for a group whose sentinels did not meet."""
+        seen = []
+        for port in self.sentinel_ports:
+            try:
+                with _client(port) as client:
+                    master = client.sentinel_master(self.service)
+                seen.append(f"{port}: {master.get('num-other-sentinels')} other sentinels")
+            except (redis.RedisError, OSError) as exc:
+                seen.append(f"{port}: {exc!r}; log: {self.log(port)[-500:]}")
+        return "the sentinels to meet (" + "; ".join(seen) + ")"
 
     def _sees_everyone(self, port: int) -> bool:
         with _client(port) as client:
-            master = client.sentinel_master(SERVICE)
-            replicas = client.sentinel_slaves(SERVICE)
+            master = client.sentinel_master(self.service)
+            replicas = client.sentinel_slaves(self.service)
         return int(master["num-other-sentinels"]) == len(self.sentinel_ports) - 1 and any(
             r["port"] == self.replica_port and not r["is_sdown"] for r in replicas
         )
@@ -163,7 +195,7 @@ class SentinelGroup(_Processes):
         ports = set()
         for port in self.sentinel_ports:
             with _client(port) as client:
-                ports.add(int(client.sentinel_get_master_addr_by_name(SERVICE)[1]))
+                ports.add(int(client.sentinel_get_master_addr_by_name(self.service)[1]))
         return ports
 
     def master(self) -> int:

@@ -10,7 +10,7 @@ from celery import Celery
 from polygate_celery.config.models import StoreConfig
 from tests.celery.outcome_rows import outcome_tasks
 from tests.celery.topology_outcomes import run_outcome_rows
-from tests.redis_topologies import SERVICE, SentinelGroup
+from tests.redis_topologies import SentinelGroup
 
 app = Celery("polygate_sentinel")
 tasks = outcome_tasks(app)
@@ -24,5 +24,5 @@ def group() -> Iterator[SentinelGroup]:
 
 @pytest.mark.timeout(300)
 def test_one_celery_outcome_per_row_on_sentinel(group: SentinelGroup, broker: str) -> None:
-    store = StoreConfig(sentinels=group.sentinels, service_name=SERVICE)
+    store = StoreConfig(sentinels=group.sentinels, service_name=group.service)
     run_outcome_rows(app, tasks, broker, store)

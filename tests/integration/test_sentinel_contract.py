@@ -9,7 +9,7 @@ import pytest
 
 from polygate_celery.config.models import StoreConfig
 from tests.integration.topology_contract import contract_fixtures
-from tests.redis_topologies import SERVICE, SentinelGroup
+from tests.redis_topologies import SentinelGroup
 from tests.unit.store.test_store_contract_bookings import *  # noqa: F403
 from tests.unit.store.test_store_contract_gate import *  # noqa: F403
 from tests.unit.store.test_store_contract_learned import *  # noqa: F403
@@ -27,7 +27,7 @@ def sentinel_group() -> Iterator[SentinelGroup]:
 
 @pytest.fixture
 def topology_config(sentinel_group: SentinelGroup) -> StoreConfig:
-    return StoreConfig(sentinels=sentinel_group.sentinels, service_name=SERVICE)
+    return StoreConfig(sentinels=sentinel_group.sentinels, service_name=sentinel_group.service)
 
 
 store_factory, store, h = contract_fixtures("sentinel")

@@ -18,7 +18,7 @@ from polygate_celery.store import AdmitRequest, Grant, Settlement
 from polygate_celery.store.redis import RedisStore
 from tests.conftest import Figures, unique_prefix
 from tests.integration.failover_load import assert_failover, run_failover
-from tests.redis_topologies import SERVICE, SentinelGroup
+from tests.redis_topologies import SentinelGroup
 
 
 @pytest.fixture
@@ -28,7 +28,9 @@ def group() -> Iterator[SentinelGroup]:
 
 
 def sentinel_config(group: SentinelGroup) -> StoreConfig:
-    return StoreConfig(sentinels=group.sentinels, service_name=SERVICE, key_prefix=unique_prefix())
+    return StoreConfig(
+        sentinels=group.sentinels, service_name=group.service, key_prefix=unique_prefix()
+    )
 
 
 @pytest.mark.timeout(300)

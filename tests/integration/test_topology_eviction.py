@@ -17,7 +17,7 @@ from polygate_celery import parse_config
 from polygate_celery.celery import configure_worker
 from polygate_celery.celery.runtime import reset_runtime
 from polygate_celery.celery.worker import check_eviction_policy
-from tests.redis_topologies import SERVICE, RedisClusterGroup, SentinelGroup
+from tests.redis_topologies import RedisClusterGroup, SentinelGroup
 
 CONFIG = {
     "sources": {"s": {"base_url": "http://127.0.0.1:1", "model": "m"}},
@@ -66,7 +66,7 @@ def assert_reported(
 def test_sentinels_master_is_asked(
     sentinel: SentinelGroup, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store: dict[str, object] = {"sentinels": sentinel.sentinels, "service_name": SERVICE}
+    store: dict[str, object] = {"sentinels": sentinel.sentinels, "service_name": sentinel.service}
     assert_reported(store, sentinel.master(), "volatile-lru", caplog)
 
 
