@@ -128,6 +128,21 @@ async def run_failover(
     return Failover(load, witness, down, promoted)
 
 
+def _crowded(run: Failover) -> str:
+    """The spans at the source in flight together beyond the cap, in seconds from the
+    kill, and when the replica was promoted: a failing run's message."""
+    spans = sorted(run.witness.spans)
+    for start, _, _ in spans:
+        together = [s for s in spans if s[0] <= start < s[1]]
+        if len(together) > CAP:
+            shown = ", ".join(
+                f"{a - run.down:+.3f}..{b - run.down:+.3f} (hold {h * 1000:.0f} ms)"
+                for a, b, h in together
+            )
+            return f"promoted at {run.promoted - run.down:+.3f}; in flight together: {shown}"
+    return "no moment of the spans recorded shows it (a span still open at the end?)"
+
+
 def assert_failover(run: Failover) -> str:
     """The acceptance's checks; a line of figures for the report."""
     load, witness = run.load, run.witness
@@ -138,7 +153,9 @@ def assert_failover(run: Failover) -> str:
     assert slowest <= SOCKET_TIMEOUT_S + 1.0, f"a call took {slowest:.2f} s to fail closed"
     started = [t for t, _, _ in witness.spans if run.down + 0.05 < t < run.down + BLIND_S]
     assert not started, f"{len(started)} requests reached the source while no master answered"
-    assert witness.peak <= CAP, f"the witness saw {witness.peak} in flight, cap {CAP}"
+    assert witness.peak <= CAP, (
+        f"the witness saw {witness.peak} in flight, cap {CAP}: {_crowded(run)}"
+    )
     late = [v for start, _, v in load.calls if start >= run.promoted + LEASE_S + 1.0]
     assert late, "no call after the promotion"
     assert set(late) == {"success"}, "calls did not recover after the promotion"
