@@ -31,9 +31,12 @@ class WitnessSource:
         self.port = port
         self.clients: dict[int, WitnessClient] = {}
         self.rng = random.Random(1)
+        self.long_sent = asyncio.Event()
 
     async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
         client = self.clients.setdefault(id(asyncio.current_task()), WitnessClient(self.port))
+        if payload == "long":
+            self.long_sent.set()
         await client.hold(LONG_MS if payload == "long" else self.rng.uniform(20, 200))
         return Outcome.success("ok")
 
@@ -106,6 +109,8 @@ async def run_load(
     long_standing = ("interactive", "a") if classes else (None, None)
     tasks.append(asyncio.ensure_future(load.caller("long", *long_standing)))
     try:
+        # Redis goes while the long request is in flight, however slowly it was admitted.
+        await asyncio.wait_for(source.long_sent.wait(), timeout=30.0)
         await asyncio.sleep(1.0)
         marks = await disturb()
         await asyncio.sleep(4.0)  # time to recover
