@@ -17,7 +17,9 @@ higher classes. On a quota, whose slots are booked ahead and can change hands, a
 class's floor is kept by credit (`used_credits`): a class owed a slot keeps its
 booked slots and takes a higher class's soonest one (`slot_goes_to`); within a
 class, a call keeps its place (`arrival_at`): it takes the soonest slot a later call
-of its class booked (`takes_later`). The stores
+of its class booked (`takes_later`); calls of tenants are placed there by a
+fair-queuing tag of their own on the quota (`quota_tag`), so tenants share a quota's
+slots by weight, in tokens, as they share permits. The stores
 keep the state (the tags, the counters, the credits); these functions decide, and
 the Redis scripts mirror them (`standing.lua`, `quota_floors.lua`).
 """
@@ -156,12 +158,41 @@ def arrival_at(store_time_s: float) -> int:
     return round(store_time_s * 1e6)
 
 
-def takes_later(arrival: int | None, rank: int, booker_arrival: int, booker_rank: int) -> bool:
+def takes_later(
+    arrival: int | None,
+    rank: int,
+    booker_arrival: int,
+    booker_rank: int,
+    tag: float | None = None,
+    booker_tag: float | None = None,
+) -> bool:
     """Whether a call that arrived at `arrival`, of class `rank`, takes a slot booked ahead
     by another of its class that arrived at `booker_arrival`: a call that has arrived
     (not None) comes before every later one, so a call asking again after a failed
-    attempt, or robbed of its booking, is not sent to the back of its class."""
-    return arrival is not None and booker_rank == rank and booker_arrival > arrival
+    attempt, or robbed of its booking, is not sent to the back of its class.
+
+    Calls of a tenant are placed by their fair-queuing `tag` on the quota instead
+    (`quota_tag`): one comes before another of its class whose tag is higher, so
+    backlogged tenants' slots go by weight, in tokens. A call with a tag and one without
+    (no tenant) take nothing of each other: they keep the order they booked in."""
+    if booker_rank != rank:
+        return False
+    if tag is not None or booker_tag is not None:
+        return tag is not None and booker_tag is not None and booker_tag > tag
+    return arrival is not None and booker_arrival > arrival
+
+
+def quota_tag(virtual: float, finish: float | None, est_tokens: int, weight: float) -> float:
+    """A tenant's call's fair-queuing tag on a quota's slots, given when it first books one:
+    as `tag`, from its class's virtual time on that quota (the tag of the last booked slot
+    used) and its tenant's last tag there. It keeps it while it waits and retries."""
+    return tag(virtual, finish, est_tokens, weight)
+
+
+def tag_text(tag_: float) -> str:
+    """A tag as the Redis store writes it in a booking (``%.17g``, as its scripts do): it
+    reads back to the same float, and a caller that gives it back names its booking."""
+    return format(tag_, ".17g")
 
 
 def next_class(waiting: Sequence[int], counts: Mapping[int, float], floors: Sequence[float]) -> int:

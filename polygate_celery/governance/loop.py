@@ -139,6 +139,8 @@ class GovernedCall:
         self.call_id = next(_permit_ids)
         # its place in its class on a quota's slots (`AdmitRequest.arrival`), once it has one
         self.arrival: int | None = None
+        # and, for a call of a tenant, its fair-queuing tag there (`AdmitRequest.tag`)
+        self.tag: float | None = None
         rules = plan.for_call(est_tokens, fail_fast, rt.scope_gate)
         self.state = engine.start(rules, rt.clock.now())
         # What carrying the actions out holds: the round's release watch and places in
@@ -269,12 +271,15 @@ class GovernedCall:
                 book_within_s=action.book_within_s,
                 standing=self.standing,
                 arrival=self.arrival,
+                tag=self.tag,
             )
         )
         if isinstance(admission, Denial):
             self._blocked = admission.blocked
             if self.arrival is None:
                 self.arrival = admission.arrival
+            if self.tag is None:
+                self.tag = admission.tag
             return admission  # a store's `Denial` is the engine's `Refused`
         self._end_round()  # the watch ends with the grant
         self._grant = admission

@@ -78,6 +78,12 @@ class AdmitRequest:
     A caller gives the arrival its booking's denial told it: the Redis store finds the
     booking by it (a caller that lost that reply books a second slot).
 
+    `tag` is, for a call of a tenant, its place among the waiters of its class on a
+    quota's slots instead: its fair-queuing tag there (`core.standing.quota_tag`), given
+    by its first booking (`Denial.tag`), None before. It takes the soonest slot a call of
+    its class with a higher tag booked, so tenants share the slots by weight, in tokens.
+    A caller gives it back with each later ask, as it gives the arrival.
+
     `standing` is where the caller stands among the waiters of a source (SPEC §8): its
     priority class's rank, its tenant and the tenant's weight, and the classes' floors
     (`core.standing`), resolved once per call from the configuration
@@ -100,6 +106,7 @@ class AdmitRequest:
     booked: bool = True
     standing: Standing = PLAIN
     arrival: int | None = None
+    tag: float | None = None
 
     @property
     def wait(self) -> WaitMode:

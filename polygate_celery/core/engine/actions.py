@@ -166,7 +166,8 @@ class Refused:
     `booked_in_s` is set when the caller holds a booking of a quota's slot (see
     `AdmitRequest.book_within_s`): it may ask again that much later and be admitted;
     `arrival` then is the call's place among the waiters of its class, which it gives
-    with each later ask (`AdmitRequest.arrival`).
+    with each later ask (`AdmitRequest.arrival`), and `tag`, for a call of a tenant, its
+    fair-queuing tag on the quota (`AdmitRequest.tag`).
     `gated_error` is the last error of the verdict that closed the gate: a call the
     gate refuses names it, as its own verdict's last error.
     `errors` holds ``(source, last error)`` for each candidate refused by its breaker
@@ -183,6 +184,7 @@ class Refused:
     gated_error: str | None = None
     errors: tuple[tuple[str, str], ...] = ()
     arrival: int | None = None
+    tag: float | None = None
 
 
 @message

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from polygate_celery.core.breaker import BreakerState, breaker_admit, breaker_reopens_at
 from polygate_celery.core.quota import BOOKING_SLACK_S
-from polygate_celery.core.standing import arrival_at, used_credits
+from polygate_celery.core.standing import used_credits
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import AdmitRequest, BlockReason, Denial, Grant, WaitMode
 from polygate_celery.store.memory.quota import QuotaSay, book, bookable, charge, quota_say
-from polygate_celery.store.memory.state import Ledger, SourceState
+from polygate_celery.store.memory.state import NO_TAG, Ledger, SourceState
 
 # The refusals that say something of the source's health: a refused call is told its
 # last error (`Denial.errors`).
@@ -149,6 +149,9 @@ def _grant(
     state.breaker = say.breaker
     if booking is not None:  # paid when booked
         state.permits.add(permit_id)
+        if booking[5] != NO_TAG:  # a tenant's slot used: its class's virtual time moves on
+            rank, fair = request.standing.rank, state.quota_fair
+            fair.virtual[rank] = max(fair.virtual.get(rank, 0.0), booking[5])
     else:
         charge(ledger, terms, state, permit_id, say.quota, now)
     floors = request.standing.floors
@@ -187,17 +190,20 @@ def _deny(
     booked_in_s = min(ahead) if ahead else None
     candidates = [(r.terms, r.state) for r in refusals if r.bookable]
     if waiter is not None and candidates and not booked and request.book_within_s > 0:
-        booked_in_s = book(ledger, candidates, waiter, request, now)
-        if booked_in_s is not None:
+        made = book(ledger, candidates, waiter, request, now)
+        if made is not None:
+            booked_in_s = made[0] - now
             reopen.append(booked_in_s)
-    if booked:  # the arrival its booking keeps
-        arrival = int(booked[0][4])
-    else:  # (a booking made now places the call now)
-        arrival = arrival_at(now) if request.arrival is None else request.arrival
+            booked = [made]
+    # the place its booking keeps: its arrival, and its tag if it is a tenant's
+    booking = booked[0] if booked else None
     return Denial(
         reopen_in_s=min(reopen) if reopen else None,
         blocked=tuple((r.terms.name, r.say.reasons[0]) for r in refusals),
         booked_in_s=booked_in_s,
         errors=tuple((r.terms.name, r.say.error) for r in refusals if r.say.error is not None),
-        arrival=arrival if booked_in_s is not None else None,
+        arrival=int(booking[4]) if booking is not None and booked_in_s is not None else None,
+        tag=booking[5]
+        if booking is not None and booked_in_s is not None and booking[5] != NO_TAG
+        else None,
     )

@@ -18,10 +18,16 @@ from polygate_celery.core.quota import (
     gcra_settle,
     window_wait,
 )
-from polygate_celery.core.standing import PLAIN, arrival_at, slot_goes_to, takes_later
+from polygate_celery.core.standing import (
+    PLAIN,
+    arrival_at,
+    quota_tag,
+    slot_goes_to,
+    takes_later,
+)
 from polygate_celery.core.terms import QuotaTerms, SourceTerms, follows_provider_windows
 from polygate_celery.store.base import AdmitRequest
-from polygate_celery.store.memory.state import Ledger, QuotaState, SourceState
+from polygate_celery.store.memory.state import NO_TAG, Ledger, QuotaState, SourceState
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +143,10 @@ def book(
     call_id: str,
     request: AdmitRequest,
     now: float,
-) -> float | None:
-    """Book the soonest slot the quotas of one candidate give, if soon enough: seconds
-    until it. A sooner slot a lower class, or a later call of the caller's class, booked
-    is taken instead (`take_booked`)."""
+) -> list[float] | None:
+    """Book the soonest slot the quotas of one candidate give, if soon enough: the booking
+    (`SourceState.booked`'s entry). A sooner slot a lower class, or a call of the caller's
+    class it comes before, booked is taken instead (`take_booked`)."""
     best: tuple[float, list[float], list[_Dim], SourceState] | None = None
     for terms, state in candidates:
         dims = _dims(ledger, terms, state, request.est_tokens, now)
@@ -157,15 +163,34 @@ def book(
         return None
     for dim, tat in zip(dims, tats, strict=True):
         dim.charge(tat)
-    state.booked[call_id] = _booking(request, slot, now)
-    return slot - now
+    return _booked(state, call_id, request, slot, now)
 
 
-def _booking(request: AdmitRequest, slot: float, now: float) -> list[float]:
-    """What `SourceState.booked` keeps of the caller's booking of `slot`."""
+def _tag_at(state: SourceState, request: AdmitRequest) -> float | None:
+    """The caller's fair-queuing tag on `state`'s quota: the one it was given, or, for a
+    call of a tenant booking first, its tenant's next (`core.standing.quota_tag`)."""
+    standing = request.standing
+    if request.tag is not None or not standing.tenant:
+        return request.tag
+    fair, rank = state.quota_fair, standing.rank
+    finish = fair.finish.get((rank, standing.tenant))
+    return quota_tag(fair.virtual.get(rank, 0.0), finish, request.est_tokens, standing.weight)
+
+
+def _booked(
+    state: SourceState, call_id: str, request: AdmitRequest, slot: float, now: float
+) -> list[float]:
+    """The caller's booking of `slot` at `state`, kept in `SourceState.booked`; a tenant's
+    first booking there gives its tenant's next tag."""
     rank, est = float(request.standing.rank), float(request.est_tokens)
     arrival = arrival_at(now) if request.arrival is None else request.arrival
-    return [slot, slot + request.claim_s, rank, est, float(arrival)]
+    tag_ = _tag_at(state, request)
+    if tag_ is not None and request.tag is None:
+        state.quota_fair.finish[request.standing.rank, request.standing.tenant] = tag_
+    booking = [slot, slot + request.claim_s, rank, est, float(arrival)]
+    booking.append(NO_TAG if tag_ is None else tag_)
+    state.booked[call_id] = booking
+    return booking
 
 
 TAKE_SCAN = 32  # the soonest bookings ahead looked at, per candidate (as admit_booking.lua)
@@ -178,38 +203,44 @@ def take_booked(
     request: AdmitRequest,
     fresh_slot: float,
     now: float,
-) -> float | None:
+) -> list[float] | None:
     """A slot ahead that a waiter of a class the caller's is served before booked at one
-    of `candidates`, or a later call of the caller's class (`core.standing.takes_later`),
-    no later than a new booking's (`fresh_slot`) and within `book_within_s`: taken for
-    the caller (SPEC §8), its quota paid already (the token buckets charged for the
-    caller's estimate instead of the booker's). The waiter it was taken from finds its
-    booking gone when it asks at its slot, and books anew. Another class's slot is taken
-    before a later call's of the caller's own class, if either is soon enough.
+    of `candidates`, or a call of the caller's class it comes before (a later one, or,
+    between tenants' calls, one of a higher tag: `core.standing.takes_later`), no later
+    than a new booking's (`fresh_slot`) and within `book_within_s`: taken for the caller
+    (SPEC §8), its quota paid already (the token buckets charged for the caller's
+    estimate instead of the booker's). The waiter it was taken from finds its booking
+    gone when it asks at its slot, and books anew. Another class's slot is taken before
+    one of the caller's own class, if either is soon enough.
 
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
-    a `PLAIN` caller takes a later call's slot only. Seconds until the slot, or None (as
+    a `PLAIN` caller takes a later call's slot only. The booking, or None (as
     admit_booking.lua's `take_booked`)."""
     rank, floors = request.standing.rank, request.standing.floors
     plain = request.standing is PLAIN
-    # another class's soonest slot, and a later call's of the caller's own class
+    # another class's soonest slot, and one of a call of the caller's own class
     bests: list[tuple[float, SourceTerms, SourceState, str] | None] = [None, None]
     for terms, state in candidates:
+        tag_ = _tag_at(state, request)
         ahead = sorted(
             (booking[1], other)
             for other, booking in state.booked.items()
             if booking[1] > now + request.claim_s
         )[:TAKE_SCAN]
         for _, other in ahead:
-            slot, theirs = state.booked[other][0], int(state.booked[other][2])
+            booking = state.booked[other]
+            slot, theirs = booking[0], int(booking[2])
             which = int(theirs == rank)
             best = bests[which]
             if slot <= now or (best is not None and slot >= best[0]):
                 continue
             if theirs == rank:
-                if not takes_later(request.arrival, rank, int(state.booked[other][4]), theirs):
-                    continue  # its own class: an earlier call's
+                booker_tag = None if booking[5] == NO_TAG else booking[5]
+                if not takes_later(
+                    request.arrival, rank, int(booking[4]), theirs, tag_, booker_tag
+                ):
+                    continue  # its own class: one that comes before it
             elif plain or slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
                 continue  # higher, or owed a slot
             bests[which] = (slot, terms, state, other)
@@ -227,8 +258,7 @@ def take_booked(
     for dim in _dims(ledger, terms, state, request.est_tokens, now):
         if dim.tokens:  # charged for the booker's estimate: now for the caller's
             dim.charge(gcra_settle(dim.tat, int(booker_est), request.est_tokens, dim.limit))
-    state.booked[call_id] = _booking(request, slot, now)
-    return slot - now
+    return _booked(state, call_id, request, slot, now)
 
 
 def _dims(

@@ -112,12 +112,14 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
 
 
 def _correct(state: SourceState, settlement: Settlement) -> None:
-    """The tenant's last tag, moved by the tokens used against the estimate (as settle.lua)."""
+    """The tenant's last tags, in the permits' queue and on the quota, moved by the tokens
+    used against the estimate (as settle.lua)."""
     standing = settlement.standing
     key = (standing.rank, standing.tenant)
-    finish = state.fair.finish.get(key)
-    if finish is not None:
-        virtual = state.fair.virtual.get(standing.rank, 0.0)
-        state.fair.finish[key] = corrected(
-            finish, virtual, settlement.est_tokens, settlement.used_tokens, standing.weight
-        )
+    for fair in (state.fair, state.quota_fair):
+        finish = fair.finish.get(key)
+        if finish is not None:
+            virtual = fair.virtual.get(standing.rank, 0.0)
+            fair.finish[key] = corrected(
+                finish, virtual, settlement.est_tokens, settlement.used_tokens, standing.weight
+            )

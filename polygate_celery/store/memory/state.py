@@ -29,6 +29,9 @@ from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.memory.learned import Learned
 from polygate_celery.store.releases import ReleaseHub
 
+# A booking's tag when its call has no tenant (tags are never negative).
+NO_TAG = -1.0
+
 
 @dataclass
 class Fair:
@@ -57,8 +60,12 @@ class SourceState:
     # The classes' credits on its quota slots (`core.standing.used_credits`), by rank.
     slot_credits: dict[int, float] = field(default_factory=dict)
     # Quota slots booked by waiting calls: call id -> [slot, end of its claim, class rank,
-    # estimated tokens, arrival (`AdmitRequest.arrival`)].
+    # estimated tokens, arrival (`AdmitRequest.arrival`), fair-queuing tag on the quota
+    # (`AdmitRequest.tag`; `NO_TAG` for a call of no tenant)].
     booked: dict[str, list[float]] = field(default_factory=dict)
+    # The tenants' fair queuing on its quota's slots (`core.standing.quota_tag`): per class,
+    # the tag of the last booked slot used; per class and tenant, the last tag given.
+    quota_fair: Fair = field(default_factory=Fair)
     # The source's last error (as settle.lua keeps it), and when its breaker last opened.
     error: str | None = None
     opened_at: float | None = None

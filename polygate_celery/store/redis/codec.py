@@ -16,7 +16,7 @@ from typing import Any
 
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.quota import counts_in_windows
-from polygate_celery.core.standing import PLAIN, Standing
+from polygate_celery.core.standing import PLAIN, Standing, tag_text
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import (
     AdmitRequest,
@@ -44,7 +44,7 @@ class _Admitted(IntEnum):
     DENIED = 0  # reopen_in_s, then (name, reason, error) per refusing candidate
     GRANTED = 1  # name, admitted_at, then (call, source) per waiter handed on to
     GATED = 2  # gated_for_s, reset, error
-    DENIED_BOOKED = 3  # reopen_in_s, booked_in_s, arrival, then as DENIED
+    DENIED_BOOKED = 3  # reopen_in_s, booked_in_s, arrival, tag, then as DENIED
     PROBE = 4  # name, admitted_at, turned, open_s, error, then as GRANTED
 
 
@@ -77,8 +77,15 @@ def encode_admit(request: AdmitRequest, wait: WaitMode, now: bytes) -> tuple[byt
         fmt(request.claim_s).encode(),
         fmt(request.book_within_s).encode() if request.book_within_s > 0 else b"",
         b"" if request.standing is PLAIN else standing_arg(request.standing),
-        b"" if request.arrival is None else str(request.arrival).encode(),
+        place_arg(request.arrival, request.tag),
     )
+
+
+def place_arg(arrival: int | None, tag: float | None) -> bytes:
+    """A call's place as admit.lua's ARGV[10] reads it: "<arrival>" or "<arrival> <tag>",
+    "" for none yet (the tag written as the script wrote it, so a booking is named by it)."""
+    place = "" if arrival is None else str(arrival)
+    return (place if tag is None else f"{place} {tag_text(tag)}").encode()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -118,8 +125,8 @@ def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResu
                     gated_error=said or None,
                 )
             )
-        booked = kind is _Admitted.DENIED_BOOKED  # then the slot it booked, and its arrival
-        named = reply[4:] if booked else reply[2:]
+        booked = kind is _Admitted.DENIED_BOOKED  # then its slot, arrival and tag
+        named = reply[5:] if booked else reply[2:]
         names, said = named[::3], named[2::3]
         reasons: list[tuple[str, BlockReason]] = [
             (str(name), reason) for name, reason in zip(names, named[1::3], strict=True)
@@ -132,6 +139,7 @@ def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResu
                 booked_in_s=float(reply[2]) if booked else None,
                 errors=errors,
                 arrival=int(reply[3]) if booked else None,
+                tag=float(reply[4]) if booked and reply[4] else None,
             )
         )
 

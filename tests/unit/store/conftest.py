@@ -30,13 +30,15 @@ from polygate_celery.testing import VirtualClock
 
 class Harness:
     """Protocol calls in one line each, with fresh permit ids by default; a waiter gives
-    the arrival its first grant or booking told it, as the governance loop does."""
+    the arrival its first grant or booking told it, and a tenant's call the tag its first
+    booking told it, as the governance loop does."""
 
     def __init__(self, store: Store, clock: VirtualClock) -> None:
         self.store = store
         self.clock = clock
         self._ids = itertools.count(1)
         self.arrivals: dict[str, int] = {}  # waiter -> its arrival (`AdmitRequest.arrival`)
+        self.tags: dict[str, float] = {}  # waiter -> its tag on a quota (`AdmitRequest.tag`)
 
     def new_id(self) -> str:
         return f"permit-{next(self._ids)}"
@@ -64,6 +66,7 @@ class Harness:
             book_within_s=book_within_s,
             standing=standing,
             arrival=self.arrivals.get(waiter) if waiter else None,
+            tag=self.tags.get(waiter) if waiter else None,
         )
         answer = await self.store.admit(request)
         if waiter and waiter not in self.arrivals:
@@ -71,6 +74,13 @@ class Harness:
                 self.arrivals[waiter] = arrival_at(answer.admitted_at)
             elif answer.arrival is not None:
                 self.arrivals[waiter] = answer.arrival
+        if (
+            waiter
+            and waiter not in self.tags
+            and isinstance(answer, Denial)
+            and answer.tag is not None
+        ):
+            self.tags[waiter] = answer.tag
         return answer
 
     async def grant(self, *candidates: SourceTerms, **kwargs: object) -> Grant:

@@ -31,11 +31,12 @@
 --                                                "<origin> <call id> <claim s>"
 --   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
 --                                                each of its admissions); "@<call id>
---                                                <rank> <claim s> <est> <arrival>": a
---                                                slot that call, of that class, booked ->
---                                                the slot plus its claim (it lapses then;
---                                                a higher class, or an earlier call of
---                                                its own, may take it, admit_booking.lua)
+--                                                <rank> <claim s> <est> <arrival> <tag>"
+--                                                (tag "-": no tenant): a slot that call,
+--                                                of that class, booked -> the slot plus
+--                                                its claim (it lapses then; a higher
+--                                                class, or a call of its own it comes
+--                                                after, may take it, admit_booking.lua)
 --   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until error
 -- ARGV[1]   now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]   permit id (chosen by the caller: a repeated admit returns its first grant)
@@ -57,10 +58,14 @@
 --           another class's, only a later call's, ARGV[10]), else
 --           "<rank>|<weight>|<tenant>|<floors>",
 --           floors the classes' min_share by rank, comma-separated ("" for none)
--- ARGV[10]  the call's arrival, its place among the waiters of its class, first come
---           first served (admit_booking.lua): the store's time of its first grant or
---           booking, in microseconds; "" for none yet: a booking made now places it
---           now, and the reply says so
+-- ARGV[10]  the call's place among the waiters of its class (admit_booking.lua):
+--           "<arrival>" or "<arrival> <tag>". The arrival, first come first served:
+--           the store's time of its first grant or booking, in microseconds; "" for
+--           none yet: a booking made now places it now, and the reply says so. The
+--           tag, a tenant's call's fair-queuing tag on the quota (core.standing's
+--           quota_tag, as the reply gave it): its tenant's next one, from the class's
+--           virtual time qv<r> and the tenant's last tag qf<r>:<t> in the source's state
+--           hash, is given by its first booking, and the reply says so
 -- ARGV[11]  lease seconds     ARGV[12]  the caller's origin (its process)
 -- ARGV[13]  the wake-up channel of origin X is this text followed by X
 -- ARGV[14..17]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
@@ -85,10 +90,11 @@
 --          {0, reopen_in_s or "", name, reason, error, ...}  a denial; reasons: paused,
 --          breaker_open, probe_in_flight, at_capacity, quota; error: the source's last
 --          error where its breaker or a pause refused it, else ""
---          {3, reopen_in_s, booked_in_s, arrival, name, reason, error, ...}  a
---                                                         denial, the caller holding a
+--          {3, reopen_in_s, booked_in_s, arrival, tag, name, reason, error, ...}
+--                                                         a denial, the caller holding a
 --                                                         booked slot that far ahead,
---                                                         its arrival (ARGV[10])
+--                                                         its arrival and tag (ARGV[10];
+--                                                         tag "" for none)
 --          {2, gated_for_s, reset, error}                 refused by the scope's gate (the
 --                                                         closing verdict's last error)
 --                                                         (reset "1": it opens when
@@ -126,12 +132,16 @@ local claim_s = tonumber(ARGV[7])
 local book_within = tonumber(ARGV[8]) or 0
 local function waiter() return ARGV[12] .. ' ' .. call .. ' ' .. ARGV[7] end
 -- where a waiter of this caller's standing takes its place (standing.lua)
-local s_rank, s_weight, _, s_floors, s_virtual, s_finish = standing_of(ARGV[9])
+local s_rank, s_weight, s_tenant, s_floors, s_virtual, s_finish = standing_of(ARGV[9])
+-- its place (ARGV[10]): its arrival (given, or now), and its tag on the quota ("" none)
+local given_arrival, given_tag = string.match(ARGV[10], '^(%d*) ?(%S*)$')
+local arrival = given_arrival ~= '' and given_arrival or string.format('%.0f', now * 1e6)
 -- a slot this caller books (admit_booking.lua), for a caller that waits
--- and its arrival (ARGV[10]: given, or now)
-local arrival = ARGV[10] ~= '' and ARGV[10] or string.format('%.0f', now * 1e6)
-local booked = waits ~= '0'
-  and ('@' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7] .. ' ' .. ARGV[3] .. ' ' .. arrival) or nil
+local function booking_of(tag)
+  return '@' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7] .. ' ' .. ARGV[3] .. ' ' .. arrival
+    .. ' ' .. tag
+end
+local booked = waits ~= '0' and booking_of(given_tag ~= '' and given_tag or '-') or nil
 
 -- A repeated admit returns its first grant. With one candidate and no queue to look
 -- in, the permit's presence is checked where it matters instead: when adding it, and
@@ -285,6 +295,12 @@ for i = 1, n do
       -- include: quota_floors
       fields[#fields + 1] = 'fqc'; fields[#fields + 1] = used_credits(st[16], s_rank, s_floors)
     end
+    if slot and given_tag ~= '' then  -- a tenant's slot used: its class's virtual time
+      local qv = 'qv' .. s_rank
+      if tonumber(given_tag) > tonumber(redis.call('HGET', skey, qv) or '0') then
+        fields[#fields + 1] = qv; fields[#fields + 1] = given_tag
+      end
+    end
     if #fields > 0 then redis.call('HSET', skey, unpack(fields)) end
     if slot then redis.call('ZREM', KEYS[6 * i], booked) end  -- paid when booked
     if rpm > 0 or tpm > 0 then redis.call('HSET', qkey, 'req', req_tat, 'tok', tok_tat) end
@@ -331,21 +347,46 @@ if ahead ~= nil then
   denial[1] = 3
   table.insert(denial, 3, fmt(ahead))
   table.insert(denial, 4, arrival)
+  table.insert(denial, 5, given_tag)
 -- Else book the soonest slot the quota buckets of one candidate give (core.quota.gcra_book).
 elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == nil then
   -- include: gcra
   -- include: admit_booking
-  -- a slot booked by a lower class, or by a later call of this caller's class, is taken
-  -- first, if any (standing: a class's rank; arrival: ARGV[10])
-  local in_s = (ARGV[9] ~= '' or ARGV[10] ~= '')
-    and take_booked(bookable, now, book_within, s_rank, s_floors, claim_s, booked, est,
-      ARGV[10] ~= '' and tonumber(arrival) or nil, ARGV[9] == '')
-  if not in_s then in_s = book(bookable, now, book_within, claim_s, booked) end
+  -- The caller's tag on candidate i's quota, as text, and whether it is new: given, or
+  -- for a call of a tenant, its tenant's next there (standing.lua's tag_of); "-" for
+  -- a call of no tenant.
+  local tags = {}
+  local function tag_at(i)
+    if given_tag ~= '' then return given_tag, false end
+    if s_tenant == '' then return '-', false end
+    if not tags[i] then
+      local f = redis.call('HMGET', KEYS[6 * i - 4], 'qv' .. s_rank,
+        'qf' .. s_rank .. ':' .. s_tenant)
+      tags[i] = fmt(tag_of(f[1], f[2], est, s_weight))
+    end
+    return tags[i], true
+  end
+  -- The caller's booking at candidate i, as the alive set keeps it: a tenant's first
+  -- booking there gives its tenant's next tag.
+  local tag_booked = nil
+  local function booking_at(i)
+    local t, new = tag_at(i)
+    if new then redis.call('HSET', KEYS[6 * i - 4], 'qf' .. s_rank .. ':' .. s_tenant, t) end
+    tag_booked = t
+    return booking_of(t)
+  end
+  -- a slot booked by a lower class, or by a call of this caller's class it comes before,
+  -- is taken first, if any (standing: a class's rank; its place: ARGV[10])
+  local in_s = (ARGV[9] ~= '' or given_arrival ~= '')
+    and take_booked(bookable, now, book_within, s_rank, s_floors, claim_s, booking_at, est,
+      given_arrival ~= '' and tonumber(arrival) or nil, ARGV[9] == '', tag_at)
+  if not in_s then in_s = book(bookable, now, book_within, claim_s, booking_at) end
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end
     denial[1] = 3
     table.insert(denial, 3, fmt(in_s))
     table.insert(denial, 4, arrival)
+    table.insert(denial, 5, tag_booked == '-' and '' or tag_booked)
   end
 end
 return denial

@@ -20,9 +20,9 @@ end
 
 -- Book the soonest slot (`fresh_slot`) if within `book_within` seconds: its buckets are
 -- charged as at that slot, and the booking is kept in the candidate's alive ZSET
--- (KEYS[6i]) as `booked` -> the slot plus `claim_s`. Returns the seconds until the
--- slot, or nil when none is soon enough.
-local function book(bookable, now, book_within, claim_s, booked)
+-- (KEYS[6i]) as `booking_at(i)` -> the slot plus `claim_s`. Returns the seconds until
+-- the slot, or nil when none is soon enough.
+local function book(bookable, now, book_within, claim_s, booking_at)
   local best, best_slot = fresh_slot(bookable, now)
   if best_slot - now > book_within then return nil end
   for _, d in ipairs(best[2]) do
@@ -31,16 +31,17 @@ local function book(bookable, now, book_within, claim_s, booked)
   end
   local alive = KEYS[6 * best[1]]
   redis.call('ZREMRANGEBYSCORE', alive, '-inf', now)  -- lapsed bookings and claims
-  redis.call('ZADD', alive, best_slot + claim_s, booked)
+  redis.call('ZADD', alive, best_slot + claim_s, booking_at(best[1]))
   return best_slot - now
 end
 
 -- A slot ahead that a waiter of a class this caller's is served before booked at one of
--- `bookable`'s candidates ({candidate i, dims, its credits} each), or a later call of
--- this caller's class (`arrival`, the caller's, given: first come, first served within
--- a class, so a call asking again after a failed attempt keeps its place), sooner than a
--- new booking would be and within `book_within` seconds: taken for this caller (SPEC
--- §8). Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
+-- `bookable`'s candidates ({candidate i, dims, its credits} each), or a call of this
+-- caller's class it comes before (core.standing.takes_later: a later one, `arrival` the
+-- caller's, given: first come, first served within a class, so a call asking again
+-- after a failed attempt keeps its place; between calls of tenants, one of a higher
+-- tag, `tag_at(i)` the caller's at candidate i), sooner than a new booking would be
+-- and within `book_within` seconds: taken for this caller (SPEC §8). Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
 -- classes' min_share, "" for none; quota_floors.lua's slot_goes_to), else the higher
 -- (the lower rank). The booking moves to `booked`, its quota paid already (the token
 -- buckets charged for this caller's estimate `est` instead of the booker's: settle
@@ -48,25 +49,27 @@ end
 -- slot, and books anew (taking, in turn, the slot of the next later call of its class).
 -- A slot of another class is taken before a later call's of the caller's own (a call
 -- owed a slot for its class's floor takes it from the class above, not from its own).
--- A booking is "@<call> <rank> <claim s> <est> <arrival>" in the candidate's alive set,
+-- The caller's booking is `booking_at(i)`.
+-- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's alive set,
 -- scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
 -- the bookings ahead are those scored above now plus this caller's claim, and the
 -- `TAKE_SCAN` soonest of them are looked at (as the memory store does). A `plain`
 -- caller (one class at most, ARGV[9] "") takes a later call's slot only. Seconds until
 -- the slot, or nil.
 local TAKE_SCAN = 32
-local function take_booked(bookable, now, book_within, rank, floors, claim_s, booked, est,
-                           arrival, plain)
+local function take_booked(bookable, now, book_within, rank, floors, claim_s, booking_at,
+                           est, arrival, plain, tag_at)
   local fl = floors_of(floors)
   local bests = {{}, {}}  -- another class's soonest slot, and a later call's of its own
   for _, b in ipairs(bookable) do
     local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
       '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
     local credits = credits_of(b[3], fl)
+    local mine = tonumber((tag_at(b[1])))  -- (nil: no tenant)
     local first = {}  -- another class -> whether this caller's is served before it here
     for k = 1, #ahead, 2 do
-      local r, claim, booker_est, booker_arrival =
-        string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (%d+)$')
+      local r, claim, booker_est, booker_arrival, booker_tag =
+        string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (%d+) (%S+)$')
       r = tonumber(r)
       if r and r ~= rank and first[r] == nil then  -- (a plain caller takes no other's)
         first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
@@ -74,8 +77,13 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
       local which = nil
       if r and r ~= rank and first[r] then
         which = bests[1]
-      elseif r == rank and arrival ~= nil and tonumber(booker_arrival) > arrival then
-        which = bests[2]
+      elseif r == rank then  -- core.standing.takes_later
+        local theirs = tonumber(booker_tag)
+        if mine ~= nil or theirs ~= nil then
+          if mine ~= nil and theirs ~= nil and theirs > mine then which = bests[2] end
+        elseif arrival ~= nil and tonumber(booker_arrival) > arrival then
+          which = bests[2]
+        end
       end
       if which then
         local slot = tonumber(ahead[k + 1]) - tonumber(claim)
@@ -103,6 +111,6 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
   end
   local alive = KEYS[6 * best[1]]
   redis.call('ZREM', alive, best_member)
-  redis.call('ZADD', alive, best_slot + claim_s, booked)
+  redis.call('ZADD', alive, best_slot + claim_s, booking_at(best[1]))
   return best_slot - now
 end

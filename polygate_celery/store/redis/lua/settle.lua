@@ -42,9 +42,10 @@
 -- ARGV[16] the class whose progress a success marks beside the scope's (its rank), ""
 --          when no classes are declared (SPEC §8: a class's stall reads its own)
 -- ARGV[17] "" or, for a waiter's tenant whose tokens differ from its estimate,
---          "<rank>|<tenant>|<weight>": its tenant's last fair-queuing tag moves by
+--          "<rank>|<tenant>|<weight>": its tenant's last fair-queuing tags, in the
+--          permits' queue (ff<r>:<t>) and on the quota (qf<r>:<t>, admit.lua), move by
 --          (used - estimated) / weight while the tenant is ahead of its class's virtual
---          time (standing.lua: shares are counted in the tokens used)
+--          time there (standing.lua: shares are counted in the tokens used)
 -- ARGV[18] the settling process's origin     ARGV[19] the source's name
 -- ARGV[20] the wake-up channel of origin X is this text followed by X
 -- ARGV[21..29]  the source's terms: breaker threshold, cooldown_s, auth_cooldown_s; cap,
@@ -229,11 +230,15 @@ if not held then return reply(0) end  -- a success's facts are kept; no permit i
 
 if ARGV[17] ~= '' then  -- the tenant's share counts the tokens used (standing.lua)
   local r, t, w = string.match(ARGV[17], '^(%d+)|([^|]*)|(.+)$')
-  local finish = 'ff' .. r .. ':' .. t
-  local f = redis.call('HMGET', skey, 'fv' .. r, finish)
-  if f[2] and tonumber(f[2]) > tonumber(f[1] or '0') then
-    local delta = math.max(used, 1) - math.max(est, 1)
-    redis.call('HSET', skey, finish, fmt(tonumber(f[2]) + delta / tonumber(w)))
+  local delta = (math.max(used, 1) - math.max(est, 1)) / tonumber(w)
+  -- in the permits' queue (ff, fv) and on the quota (qf, qv) alike
+  local f = redis.call('HMGET', skey, 'fv' .. r, 'ff' .. r .. ':' .. t, 'qv' .. r,
+    'qf' .. r .. ':' .. t)
+  for k, prefix in ipairs({'ff', 'qf'}) do
+    local virtual, finish = f[2 * k - 1], f[2 * k]
+    if finish and tonumber(finish) > tonumber(virtual or '0') then
+      redis.call('HSET', skey, prefix .. r .. ':' .. t, fmt(tonumber(finish) + delta))
+    end
   end
 end
 

@@ -1,0 +1,147 @@
+"""Store contract: tenants share a quota's slots by weight, in tokens (SPEC §8).
+
+Calls of a tenant waiting for a quota are placed by a fair-queuing tag of their own
+there (`core.standing.quota_tag`), given by their first booking: a call takes the
+soonest slot a call of its class with a higher tag booked, and that call, finding its
+slot gone at its time, takes the next one's. Backlogged tenants weighted 1:2:5 so get
+the quota's tokens in that ratio, whatever their calls cost; calls of no tenant keep
+the order they booked in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+
+import pytest
+
+from polygate_celery.core.standing import Standing
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store import Denial, Grant
+from tests.unit.store.conftest import Harness
+
+TPM = SourceTerms("tpm", 64, quota=QuotaTerms("tpm-key", tpm=60_000))  # 1,000 tokens a second
+WITHIN = {"book_within_s": 300.0}
+
+# Weights 1:2:5, calls of 100, 300 and 1,000 tokens (issue 38's workload).
+TENANTS = {
+    "a": (Standing(rank=0, tenant="a", weight=1.0), 100),
+    "b": (Standing(rank=0, tenant="b", weight=2.0), 300),
+    "c": (Standing(rank=0, tenant="c", weight=5.0), 1000),
+}
+
+
+async def spend_the_burst(h: Harness) -> None:
+    """Calls that do not wait spend the bucket's burst, to its last token."""
+    for tokens in (1000, 100, 10, 1):
+        while isinstance(answer := await h.admit(TPM, est_tokens=tokens), Grant):
+            await h.settle(answer, TPM, est_tokens=tokens, used_tokens=tokens)
+
+
+async def book(h: Harness, waiter: str, tenant: str) -> float:
+    """`waiter`, a call of `tenant`, books a slot: its slot on the clock."""
+    standing, tokens = TENANTS[tenant]
+    denial = await h.deny(TPM, waiter=waiter, est_tokens=tokens, standing=standing, **WITHIN)
+    assert denial.booked_in_s is not None
+    return h.clock.now() + denial.booked_in_s
+
+
+async def test_a_tenants_call_takes_the_slot_of_one_tagged_after_it(h: Harness) -> None:
+    await spend_the_burst(h)
+    # c's calls (1,000 tokens, weight 5) tag 200, 400, 600; a's first (100, weight 1) 100
+    slots = {waiter: await book(h, waiter, "c") for waiter in ("c1", "c2", "c3")}
+    assert [h.tags[w] for w in ("c1", "c2", "c3")] == pytest.approx([200, 400, 600])
+    taken = await book(h, "a1", "a")
+    assert h.tags["a1"] == pytest.approx(100)
+    assert taken == pytest.approx(slots["c1"])  # the soonest of a higher tag
+    # c1 finds its slot gone at its time and takes c2's, tagged after it
+    h.clock.advance(slots["c1"] - h.clock.now())
+    standing, tokens = TENANTS["a"]
+    assert isinstance(
+        await h.admit(TPM, waiter="a1", est_tokens=tokens, standing=standing, **WITHIN), Grant
+    )
+    assert await book(h, "c1", "c") == pytest.approx(slots["c2"])
+    assert h.tags["c1"] == pytest.approx(200)  # it keeps its tag
+
+
+async def test_a_second_call_of_a_tenant_is_tagged_after_its_first(h: Harness) -> None:
+    await spend_the_burst(h)
+    await book(h, "c1", "c")
+    await book(h, "a1", "a")
+    await book(h, "a2", "a")
+    assert h.tags["a2"] == pytest.approx(200)  # after a1's 100
+    # c1 (200) came first, at the tie: a2 takes no slot of it
+    await book(h, "a3", "a")
+    assert h.tags["a3"] == pytest.approx(300)
+
+
+async def test_calls_of_no_tenant_keep_the_order_they_booked_in(h: Harness) -> None:
+    await spend_the_burst(h)
+    plain = Standing(rank=0)
+    first = await h.deny(TPM, waiter="p1", est_tokens=1000, standing=plain, **WITHIN)
+    assert first.tag is None
+    a1 = await book(h, "a1", "a")
+    assert first.booked_in_s is not None
+    assert a1 > h.clock.now() + first.booked_in_s  # it took no slot of a call of no tenant
+
+
+async def backlog(h: Harness, seconds: float, a_stops_at: float) -> list[tuple[float, str, int]]:
+    """Four callers per tenant keep calls waiting for the quota, one after another, each
+    settled as soon as it is admitted, for `seconds` after the burst is spent; tenant a
+    makes no new call after `a_stops_at`. (time, tenant, tokens) of each admission."""
+    await spend_the_burst(h)
+    start = h.clock.now()
+    ids = itertools.count()
+    events: list[tuple[float, int, str, str]] = []  # (when, order, tenant, call)
+    for tenant in TENANTS:
+        for _ in range(4):
+            n = next(ids)
+            heapq.heappush(events, (start, n, tenant, f"{tenant}{n}"))
+    served: list[tuple[float, str, int]] = []
+    while events and events[0][0] < start + seconds:
+        when, _, tenant, call = heapq.heappop(events)
+        h.clock.advance(max(0.0, when - h.clock.now()))
+        standing, tokens = TENANTS[tenant]
+        answer = await h.admit(TPM, waiter=call, est_tokens=tokens, standing=standing, **WITHIN)
+        if isinstance(answer, Grant):
+            served.append((h.clock.now() - start, tenant, tokens))
+            await h.settle(answer, TPM, est_tokens=tokens, used_tokens=tokens, standing=standing)
+            if tenant != "a" or h.clock.now() - start < a_stops_at:
+                n = next(ids)  # the caller's next call
+                heapq.heappush(events, (h.clock.now(), n, tenant, f"{tenant}{n}"))
+            continue
+        assert isinstance(answer, Denial)
+        wait = answer.booked_in_s if answer.booked_in_s is not None else answer.reopen_in_s
+        assert wait is not None
+        heapq.heappush(events, (h.clock.now() + wait, next(ids), tenant, call))
+    return served
+
+
+def shares(served: list[tuple[float, str, int]], start: float) -> Counter[str]:
+    """The tokens each tenant was admitted in the 60 s from `start`."""
+    tokens: Counter[str] = Counter()
+    for at, tenant, cost in served:
+        if start <= at < start + 60.0:
+            tokens[tenant] += cost
+    return tokens
+
+
+async def test_backlogged_tenants_get_tokens_by_weight(h: Harness) -> None:
+    """After the first minute, the tokens each tenant is admitted are within 5 % of 1:2:5,
+    every 60 s window, and the quota is used in full. Once tenant a goes idle (its last
+    call admitted), b and c share in their own ratio, 2:5, from the next admission on."""
+    served = await backlog(h, 300.0, a_stops_at=180.0)
+    for window in (60.0, 90.0, 120.0):
+        tokens = shares(served, window)
+        total = sum(tokens.values())
+        assert total == pytest.approx(60_000, rel=0.05)  # the quota, all of it
+        for tenant, weight in (("a", 1), ("b", 2), ("c", 5)):
+            assert tokens[tenant] / total == pytest.approx(weight / 8, rel=0.05), (window, tokens)
+    # a's four calls waiting at 180 s are served at its share: 400 tokens at 125 a second
+    idle = max(at for at, tenant, _ in served if tenant == "a")
+    assert idle == pytest.approx(180.0 + 400 / 125, abs=1.0)
+    tokens = shares(served, idle + 1e-6)
+    assert tokens["a"] == 0
+    assert sum(tokens.values()) == pytest.approx(60_000, rel=0.05)
+    assert tokens["b"] / (tokens["b"] + tokens["c"]) == pytest.approx(2 / 7, rel=0.05), tokens
