@@ -213,6 +213,10 @@ def take_booked(
     gone when it asks at its slot, and books anew. Another class's slot is taken before
     one of the caller's own class, if either is soon enough.
 
+    On a quota of tokens, a slot booked for fewer tokens than the caller's estimate is not
+    taken: the bucket has room there for the booker's alone (the later bookings were
+    placed after it), and a larger call there would go over the provider's quota.
+
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
     a `PLAIN` caller takes a later call's slot only. The booking, or None (as
@@ -223,6 +227,7 @@ def take_booked(
     bests: list[tuple[float, SourceTerms, SourceState, str] | None] = [None, None]
     for terms, state in candidates:
         tag_ = _tag_at(state, request)
+        tokens = any(d.tokens for d in _dims(ledger, terms, state, request.est_tokens, now))
         ahead = sorted(
             (booking[1], other)
             for other, booking in state.booked.items()
@@ -235,6 +240,8 @@ def take_booked(
             best = bests[which]
             if slot <= now or (best is not None and slot >= best[0]):
                 continue
+            if tokens and booking[3] < request.est_tokens:
+                continue  # the bucket has room at that slot for the booker's tokens alone
             if theirs == rank:
                 booker_tag = None if booking[5] == NO_TAG else booking[5]
                 if not takes_later(

@@ -286,18 +286,18 @@ async def test_a_class_owed_a_slot_keeps_its_booked_slots(h: Harness) -> None:
 
 async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None:
     """The booker's quota paid its own estimate; the caller taking the slot is charged its
-    own instead (settle corrects from it): the bucket reopens later by the difference."""
+    own instead (settle corrects from it): the bucket reopens sooner by the difference."""
     tpm = SourceTerms("tpm", 10, quota=QuotaTerms("tpm-key", tpm=6000))  # 100 a second
     for cost in (1000, 10):  # the burst spent, to the last ten tokens
         while isinstance(answer := await h.admit(tpm, est_tokens=cost), Grant):
             await h.settle(answer, tpm)
-    await h.deny(tpm, waiter="b1", standing=BATCH, est_tokens=10, **WITHIN)
+    await h.deny(tpm, waiter="b1", standing=BATCH, est_tokens=1000, **WITHIN)
     before = await h.deny(tpm, est_tokens=1000)
-    taken = await h.deny(tpm, waiter="i1", standing=INTERACTIVE, est_tokens=1000, **WITHIN)
+    taken = await h.deny(tpm, waiter="i1", standing=INTERACTIVE, est_tokens=10, **WITHIN)
     assert taken.booked_in_s is not None
     after = await h.deny(tpm, est_tokens=1000)
     assert before.reopen_in_s is not None
-    assert after.reopen_in_s == pytest.approx(before.reopen_in_s + 9.9)  # (1000 - 10) / 100
+    assert after.reopen_in_s == pytest.approx(before.reopen_in_s - 9.9)  # (1000 - 10) / 100
 
 
 async def test_a_class_owed_a_slot_takes_a_higher_classs_soonest(h: Harness) -> None:
@@ -356,3 +356,18 @@ async def test_a_snapshot_counts_the_slots_each_class_booked_ahead(h: Harness) -
     assert (await h.store.snapshot(RPM)).booked == (2,)  # (trailing classes with none left out)
     await h.deny(RPM, waiter="b3", standing=batch, **WITHIN)
     assert (await h.store.snapshot(RPM)).booked == (2, 1)
+
+
+async def test_no_slot_booked_for_fewer_tokens_is_taken(h: Harness) -> None:
+    """The bucket has room at a slot for its booker's tokens alone: a higher class's larger
+    call does not take it (it would go over the provider's quota there), a smaller one
+    does."""
+    tokens = SourceTerms("tok", 10, quota=QuotaTerms("tok-key", tpm=6000))  # 100 a second
+    while isinstance(answer := await h.admit(tokens, est_tokens=10), Grant):
+        await h.settle(answer, tokens, est_tokens=10, used_tokens=10)
+    small = await h.deny(tokens, est_tokens=100, waiter="b1", standing=BATCH, **WITHIN)
+    assert small.booked_in_s is not None
+    large = await h.deny(tokens, est_tokens=500, waiter="i1", standing=INTERACTIVE, **WITHIN)
+    assert large.booked_in_s == pytest.approx(small.booked_in_s + 5.0)  # a slot of its own
+    smaller = await h.deny(tokens, est_tokens=50, waiter="i2", standing=INTERACTIVE, **WITHIN)
+    assert smaller.booked_in_s == pytest.approx(small.booked_in_s)  # b1's

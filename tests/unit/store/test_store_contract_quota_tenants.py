@@ -32,10 +32,25 @@ TENANTS = {
 }
 
 
-async def spend_the_burst(h: Harness) -> None:
+class Bucket:
+    """The provider's own token bucket (60,000 TPM, a minute's burst): every admission the
+    store makes must fit it."""
+
+    def __init__(self) -> None:
+        self.tat = 0.0
+
+    def takes(self, now: float, tokens: int) -> None:
+        over = max(self.tat - now, 0.0) + tokens / 1000 - 60.0
+        assert over <= 1e-6, f"{tokens} tokens at {now:.3f} s go {over:.3f} s over the quota"
+        self.tat = max(self.tat, now) + tokens / 1000
+
+
+async def spend_the_burst(h: Harness, provider: Bucket | None = None) -> None:
     """Calls that do not wait spend the bucket's burst, to its last token."""
     for tokens in (1000, 100, 10, 1):
         while isinstance(answer := await h.admit(TPM, est_tokens=tokens), Grant):
+            if provider is not None:
+                provider.takes(h.clock.now(), tokens)
             await h.settle(answer, TPM, est_tokens=tokens, used_tokens=tokens)
 
 
@@ -90,7 +105,8 @@ async def backlog(h: Harness, seconds: float, a_stops_at: float) -> list[tuple[f
     """Four callers per tenant keep calls waiting for the quota, one after another, each
     settled as soon as it is admitted, for `seconds` after the burst is spent; tenant a
     makes no new call after `a_stops_at`. (time, tenant, tokens) of each admission."""
-    await spend_the_burst(h)
+    provider = Bucket()
+    await spend_the_burst(h, provider)
     start = h.clock.now()
     ids = itertools.count()
     events: list[tuple[float, int, str, str]] = []  # (when, order, tenant, call)
@@ -106,6 +122,7 @@ async def backlog(h: Harness, seconds: float, a_stops_at: float) -> list[tuple[f
         answer = await h.admit(TPM, waiter=call, est_tokens=tokens, standing=standing, **WITHIN)
         if isinstance(answer, Grant):
             served.append((h.clock.now() - start, tenant, tokens))
+            provider.takes(h.clock.now(), tokens)
             await h.settle(answer, TPM, est_tokens=tokens, used_tokens=tokens, standing=standing)
             if tenant != "a" or h.clock.now() - start < a_stops_at:
                 n = next(ids)  # the caller's next call

@@ -49,6 +49,9 @@ end
 -- slot, and books anew (taking, in turn, the slot of the next later call of its class).
 -- A slot of another class is taken before a later call's of the caller's own (a call
 -- owed a slot for its class's floor takes it from the class above, not from its own).
+-- On a quota of tokens, a slot booked for fewer tokens than the caller's estimate is
+-- not taken: the bucket has room there for its booker's alone (the later bookings were
+-- placed after it), and a larger call there would go over the provider's.
 -- The caller's booking is `booking_at(i)`.
 -- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's alive set,
 -- scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
@@ -66,6 +69,8 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
       '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
     local credits = credits_of(b[3], fl)
     local mine = tonumber((tag_at(b[1])))  -- (nil: no tenant)
+    local tokens = false  -- whether it charges tokens: a slot then has room for its booker's
+    for _, d in ipairs(b[2]) do tokens = tokens or d[5] == 'tok' or d[5] == 'ltok' end
     local first = {}  -- another class -> whether this caller's is served before it here
     for k = 1, #ahead, 2 do
       local r, claim, booker_est, booker_arrival, booker_tag =
@@ -75,7 +80,9 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
         first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
       end
       local which = nil
-      if r and r ~= rank and first[r] then
+      if r and tokens and tonumber(booker_est) < est then
+        which = nil  -- the bucket has room at that slot for the booker's tokens alone
+      elseif r and r ~= rank and first[r] then
         which = bests[1]
       elseif r == rank then  -- core.standing.takes_later
         local theirs = tonumber(booker_tag)
