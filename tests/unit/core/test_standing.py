@@ -22,6 +22,7 @@ from polygate_celery.core.standing import (
     served_counts,
     slot_goes_to,
     tag,
+    tag_text,
     takes_later,
     trimmed,
     used_credits,
@@ -233,6 +234,24 @@ def test_a_call_takes_a_later_call_of_its_class_only() -> None:
     assert not takes_later(100, 1, 100, 1)  # itself, or a tie
     assert not takes_later(100, 1, 200, 2)  # another class: the classes' rules decide
     assert not takes_later(None, 1, 200, 1)  # no arrival yet: it is the latest
+
+
+def test_between_tenants_a_call_takes_one_of_a_higher_tag() -> None:
+    # (arrivals the other way round: tags decide between calls of tenants)
+    assert takes_later(200, 1, 100, 1, tag=10.0, booker_tag=20.0)
+    assert not takes_later(100, 1, 200, 1, tag=20.0, booker_tag=10.0)
+    assert not takes_later(100, 1, 200, 1, tag=20.0, booker_tag=20.0)  # a tie
+    assert not takes_later(100, 1, 200, 2, tag=10.0, booker_tag=20.0)  # another class
+    # a call of a tenant and one of none take nothing of each other
+    assert not takes_later(100, 1, 200, 1, tag=10.0)
+    assert not takes_later(100, 1, 200, 1, booker_tag=20.0)
+
+
+@given(st.floats(min_value=0, max_value=2.0**60, allow_nan=False))
+def test_a_tag_written_as_the_scripts_write_it_reads_back_the_same(x: float) -> None:
+    assert float(tag_text(x)) == x
+    assert tag_text(float(tag_text(x))) == tag_text(x)  # the booking's name, given back
+    assert tag_text(x) == "%.17g" % x  # noqa: UP031 (Lua's string.format, as fmt() uses)
 
 
 def test_an_arrival_is_the_store_time_in_microseconds() -> None:

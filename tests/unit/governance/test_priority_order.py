@@ -144,6 +144,34 @@ async def test_an_interactive_call_overtakes_batch_calls_waiting_for_the_quota(
     await gw.aclose()
 
 
+async def test_a_tenants_call_overtakes_calls_of_a_tenant_ahead_of_its_share(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """Tenants share a quota's slots by weight (SPEC §8). Tenant x's calls beyond the
+    bucket's burst have booked its next slots, tagged 1, 2 and 3 (a call each, weight
+    1); a call of tenant y (weight 4) is tagged 0.25: it takes the soonest, and each x
+    call finding its slot gone at its time takes the next x call's, tagged after it."""
+    source = ScriptedSource.always(clock, steps.ok(duration_s=0.1))
+    config = parse_config(
+        {
+            "sources": {"a": {"max_concurrency": 16, "rpm": 6, "timeout_s": 60}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"], "stall_window_s": 600}},
+            "tenants": {"x": {"weight": 1}, "y": {"weight": 4}},
+        }
+    )
+    gw = gateway(config, {"a": source})
+    calls = []
+    for i in range(9):
+        calls.append(asyncio.ensure_future(gw.call("s", f"x{i}", tenant="x")))
+        await clock.sleep(0.1)
+    calls.append(asyncio.ensure_future(gw.call("s", "y0", tenant="y")))
+    await asyncio.gather(*calls)
+    sent = [entry.payload for entry in source.journal]
+    assert sent[:6] == [f"x{i}" for i in range(6)], sent  # the bucket's burst
+    assert sent[6:] == ["y0", "x6", "x7", "x8"], sent
+    await gw.aclose()
+
+
 async def test_a_stall_of_every_class_is_an_outage_not_a_starvation(
     clock: VirtualClock, gateway: GatewayFactory
 ) -> None:

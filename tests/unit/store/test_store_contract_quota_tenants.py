@@ -162,3 +162,19 @@ async def test_backlogged_tenants_get_tokens_by_weight(h: Harness) -> None:
     assert tokens["a"] == 0
     assert sum(tokens.values()) == pytest.approx(60_000, rel=0.05)
     assert tokens["b"] / (tokens["b"] + tokens["c"]) == pytest.approx(2 / 7, rel=0.05), tokens
+
+
+async def test_a_tenant_coming_to_a_busy_quota_starts_at_its_class_virtual_time(
+    h: Harness,
+) -> None:
+    """An idle tenant banks no credit: each booked slot used moves its class's virtual time
+    to the tag of the call that used it, and a tenant's first call starts from there."""
+    await spend_the_burst(h)
+    slots = {waiter: await book(h, waiter, "c") for waiter in ("c1", "c2")}  # tags 200, 400
+    standing, tokens = TENANTS["c"]
+    for waiter in ("c1", "c2"):
+        h.clock.advance(slots[waiter] - h.clock.now())
+        answer = await h.admit(TPM, waiter=waiter, est_tokens=tokens, standing=standing, **WITHIN)
+        assert isinstance(answer, Grant)
+    await book(h, "b1", "b")
+    assert h.tags["b1"] == pytest.approx(400 + 300 / 2)  # not 150
