@@ -56,6 +56,11 @@ class _Dim:
     def charge(self, tat: float) -> None:
         setattr(self.holder, self.attribute, tat)
 
+    def later_s(self, booked: float, est: float) -> float:
+        """How much later than a slot booked for `booked` units the bucket has room for
+        `est` (0 for no more)."""
+        return max(0.0, gcra_settle(0.0, booked, est, self.limit))
+
 
 def quota_say(
     ledger: Ledger,
@@ -213,9 +218,11 @@ def take_booked(
     gone when it asks at its slot, and books anew. Another class's slot is taken before
     one of the caller's own class, if either is soon enough.
 
-    On a quota of tokens, a slot booked for fewer tokens than the caller's estimate is not
-    taken: the bucket has room there for the booker's alone (the later bookings were
-    placed after it), and a larger call there would go over the provider's quota.
+    On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
+    of a larger estimate taking it is admitted later by the difference, and every booking
+    after the slot moves as much later (they were placed after the booker's tokens; their
+    bookers find out when they ask). On a quota shared with other sources (a
+    ``[quotas]`` entry), whose bookings are not moved from here, such a slot is not taken.
 
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
@@ -223,11 +230,16 @@ def take_booked(
     admit_booking.lua's `take_booked`)."""
     rank, floors = request.standing.rank, request.standing.floors
     plain = request.standing is PLAIN
-    # another class's soonest slot, and one of a call of the caller's own class
-    bests: list[tuple[float, SourceTerms, SourceState, str] | None] = [None, None]
+    # another class's soonest slot, and one of a call of the caller's own class: (its
+    # slot for the caller, candidate, its state, the booker, how much later it moves
+    # the bookings after it)
+    bests: list[tuple[float, SourceTerms, SourceState, str, float] | None] = [None, None]
     for terms, state in candidates:
         tag_ = _tag_at(state, request)
-        tokens = any(d.tokens for d in _dims(ledger, terms, state, request.est_tokens, now))
+        dims = _dims(ledger, terms, state, request.est_tokens, now)
+        tokens = [d for d in dims if d.tokens]
+        # a quota shared with other sources: their bookings after the slot cannot move
+        movable = terms.quota is None or terms.quota.tpm is None or _own(terms)
         ahead = sorted(
             (booking[1], other)
             for other, booking in state.booked.items()
@@ -238,9 +250,10 @@ def take_booked(
             slot, theirs = booking[0], int(booking[2])
             which = int(theirs == rank)
             best = bests[which]
-            if slot <= now or (best is not None and slot >= best[0]):
+            shift = max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
+            if slot <= now or (best is not None and slot + shift >= best[0]):
                 continue
-            if tokens and booking[3] < request.est_tokens:
+            if shift > 0 and not movable:
                 continue  # the bucket has room at that slot for the booker's tokens alone
             if theirs == rank:
                 booker_tag = None if booking[5] == NO_TAG else booking[5]
@@ -250,7 +263,7 @@ def take_booked(
                     continue  # its own class: one that comes before it
             elif plain or slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
                 continue  # higher, or owed a slot
-            bests[which] = (slot, terms, state, other)
+            bests[which] = (slot + shift, terms, state, other, shift)
     # Another class's first (the classes' order and floors come before the order within
     # one), if soon enough: no later than a new booking, and within `book_within_s`.
     soon = [
@@ -260,12 +273,22 @@ def take_booked(
     ]
     if not soon:
         return None
-    slot, terms, state, other = soon[0]
-    booker_est = state.booked.pop(other)[3]
+    slot, terms, state, other, shift = soon[0]
+    taken = state.booked.pop(other)
+    if shift > 0:  # the bookings after it move later, so the caller's tokens have room
+        for booking in state.booked.values():
+            if booking[0] > taken[0]:
+                booking[0] += shift
+                booking[1] += shift
     for dim in _dims(ledger, terms, state, request.est_tokens, now):
         if dim.tokens:  # charged for the booker's estimate: now for the caller's
-            dim.charge(gcra_settle(dim.tat, int(booker_est), request.est_tokens, dim.limit))
+            dim.charge(gcra_settle(dim.tat, int(taken[3]), request.est_tokens, dim.limit))
     return _booked(state, call_id, request, slot, now)
+
+
+def _own(terms: SourceTerms) -> bool:
+    """Whether `terms`'s declared quota is the source's own (not shared with others)."""
+    return terms.quota is not None and terms.quota.name == f"source:{terms.name}"
 
 
 def _dims(

@@ -358,10 +358,10 @@ async def test_a_snapshot_counts_the_slots_each_class_booked_ahead(h: Harness) -
     assert (await h.store.snapshot(RPM)).booked == (2, 1)
 
 
-async def test_no_slot_booked_for_fewer_tokens_is_taken(h: Harness) -> None:
-    """The bucket has room at a slot for its booker's tokens alone: a higher class's larger
-    call does not take it (it would go over the provider's quota there), a smaller one
-    does."""
+async def test_no_slot_booked_for_fewer_tokens_is_taken_on_a_shared_quota(h: Harness) -> None:
+    """The bucket has room at a slot for its booker's tokens alone, and the bookings of the
+    other sources sharing a quota cannot be moved later: a higher class's larger call
+    does not take it (it would go over the provider's quota there), a smaller one does."""
     tokens = SourceTerms("tok", 10, quota=QuotaTerms("tok-key", tpm=6000))  # 100 a second
     while isinstance(answer := await h.admit(tokens, est_tokens=10), Grant):
         await h.settle(answer, tokens, est_tokens=10, used_tokens=10)

@@ -21,7 +21,8 @@ from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import Denial, Grant
 from tests.unit.store.conftest import Harness
 
-TPM = SourceTerms("tpm", 64, quota=QuotaTerms("tpm-key", tpm=60_000))  # 1,000 tokens a second
+# 1,000 tokens a second, the source's own quota (as `governance.plan` names it)
+TPM = SourceTerms("tpm", 64, quota=QuotaTerms("source:tpm", tpm=60_000))
 WITHIN = {"book_within_s": 300.0}
 
 # Weights 1:2:5, calls of 100, 300 and 1,000 tokens (issue 38's workload).
@@ -142,6 +143,31 @@ def shares(served: list[tuple[float, str, int]], start: float) -> Counter[str]:
         if start <= at < start + 60.0:
             tokens[tenant] += cost
     return tokens
+
+
+async def test_a_larger_call_taking_a_slot_moves_the_bookings_after_it(h: Harness) -> None:
+    """The bucket has room at a slot for its booker's tokens: a call of 1,000 tokens
+    taking a slot booked for 100 is admitted 0.9 s after it, and every booking after it
+    moves 0.9 s later, so no admission goes over the provider's quota."""
+    provider = Bucket()
+    await spend_the_burst(h, provider)
+    slots = {w: await book(h, w, t) for w, t in (("a1", "a"), ("a2", "a"), ("c1", "c"))}
+    assert slots["c1"] == pytest.approx(slots["a2"] + 1.0)  # room for its 1,000 tokens
+    h.tags["c2"] = 150.0  # (a call of c given a tag below a2's and c1's, 200)
+    c2 = await book(h, "c2", "c")
+    assert c2 == pytest.approx(slots["a2"] + 0.9)  # a2's slot, 0.9 s on: before c1's
+    # the bookings after a2's, c1's among them, moved 0.9 s later
+    for waiter, tenant in (("a1", "a"), ("c2", "c"), ("c1", "c")):
+        standing, tokens = TENANTS[tenant]
+        due = c2 + 1.0 if waiter == "c1" else slots["a1"] if waiter == "a1" else c2
+        if waiter == "c1":
+            h.clock.advance(slots["c1"] - h.clock.now())  # its old slot: told to wait on
+            early = await h.deny(TPM, waiter="c1", est_tokens=tokens, standing=standing, **WITHIN)
+            assert early.booked_in_s == pytest.approx(0.9)
+        h.clock.advance(due - h.clock.now())
+        answer = await h.admit(TPM, waiter=waiter, est_tokens=tokens, standing=standing, **WITHIN)
+        assert isinstance(answer, Grant), waiter
+        provider.takes(h.clock.now(), tokens)
 
 
 async def test_backlogged_tenants_get_tokens_by_weight(h: Harness) -> None:

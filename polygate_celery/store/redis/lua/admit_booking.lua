@@ -49,9 +49,11 @@ end
 -- slot, and books anew (taking, in turn, the slot of the next later call of its class).
 -- A slot of another class is taken before a later call's of the caller's own (a call
 -- owed a slot for its class's floor takes it from the class above, not from its own).
--- On a quota of tokens, a slot booked for fewer tokens than the caller's estimate is
--- not taken: the bucket has room there for its booker's alone (the later bookings were
--- placed after it), and a larger call there would go over the provider's.
+-- On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
+-- of a larger estimate taking it is admitted later by the difference, and every booking
+-- after the slot moves as much later (they were placed after the booker's tokens; its
+-- booker finds out when it asks). On a quota shared with other sources, whose bookings
+-- cannot be moved from here, such a slot is not taken.
 -- The caller's booking is `booking_at(i)`.
 -- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's alive set,
 -- scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
@@ -69,8 +71,14 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
       '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
     local credits = credits_of(b[3], fl)
     local mine = tonumber((tag_at(b[1])))  -- (nil: no tenant)
-    local tokens = false  -- whether it charges tokens: a slot then has room for its booker's
-    for _, d in ipairs(b[2]) do tokens = tokens or d[5] == 'tok' or d[5] == 'ltok' end
+    -- its token buckets, and whether the bookings after a slot may move later: not on a
+    -- quota shared with other sources (their bookings are not in this alive set)
+    local tokens, movable = {}, true
+    local own = ':quota:source:' .. ARGV[T + 6 * b[1] - 5]
+    for _, d in ipairs(b[2]) do
+      if d[5] == 'tok' or d[5] == 'ltok' then tokens[#tokens + 1] = d end
+      if d[5] == 'tok' and string.sub(d[4], -#own) ~= own then movable = false end
+    end
     local first = {}  -- another class -> whether this caller's is served before it here
     for k = 1, #ahead, 2 do
       local r, claim, booker_est, booker_arrival, booker_tag =
@@ -79,8 +87,13 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
       if r and r ~= rank and first[r] == nil then  -- (a plain caller takes no other's)
         first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
       end
+      -- how much later than the slot the bucket has room for this caller's tokens
+      local shift = 0
+      for _, d in ipairs(tokens) do
+        shift = math.max(shift, charge_s(est, d[3]) - charge_s(tonumber(booker_est), d[3]))
+      end
       local which = nil
-      if r and tokens and tonumber(booker_est) < est then
+      if r and shift > 0 and not movable then
         which = nil  -- the bucket has room at that slot for the booker's tokens alone
       elseif r and r ~= rank and first[r] then
         which = bests[1]
@@ -94,8 +107,9 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
       end
       if which then
         local slot = tonumber(ahead[k + 1]) - tonumber(claim)
-        if slot > now and (which.slot == nil or slot < which.slot) then
-          which.b, which.member, which.slot, which.est = b, ahead[k], slot, tonumber(booker_est)
+        if slot > now and (which.slot == nil or slot + shift < which.slot) then
+          which.b, which.member, which.slot = b, ahead[k], slot + shift
+          which.est, which.shift = tonumber(booker_est), shift
         end
       end
     end
@@ -111,12 +125,22 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
   end
   if pick == nil then return nil end
   local best, best_member, best_slot, best_est = pick.b, pick.member, pick.slot, pick.est
+  local alive = KEYS[6 * best[1]]
+  if pick.shift > 0 then  -- the bookings after it move later, so this caller's tokens fit
+    local taken = best_slot - pick.shift
+    local after = redis.call('ZRANGEBYSCORE', alive, '(' .. fmt(taken), '+inf', 'WITHSCORES')
+    for k = 1, #after, 2 do
+      local claim = string.match(after[k], '^@%S+ %d+ (%S+) ')
+      if claim and tonumber(after[k + 1]) - tonumber(claim) > taken then
+        redis.call('ZADD', alive, tonumber(after[k + 1]) + pick.shift, after[k])
+      end
+    end
+  end
   for _, d in ipairs(best[2]) do  -- the token buckets: this caller's estimate, not the booker's
     if d[5] == 'tok' or d[5] == 'ltok' then
       redis.call('HSET', d[4], d[5], fmt(d[1] + charge_s(est, d[3]) - charge_s(best_est, d[3])))
     end
   end
-  local alive = KEYS[6 * best[1]]
   redis.call('ZREM', alive, best_member)
   redis.call('ZADD', alive, best_slot + claim_s, booking_at(best[1]))
   return best_slot - now
