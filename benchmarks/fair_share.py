@@ -47,6 +47,7 @@ LATENCY_S = (0.2, 0.4)
 TENANTS = {"a": (1.0, 100), "b": (2.0, 300), "c": (5.0, 1000)}
 ANSWER_TOKENS = 4  # the simulator's answer, "simulated answer": max_tokens asks for it
 TOLERANCE, JAIN_TARGET = 0.05, 0.98
+BIN_S = 10.0  # the plot's bins
 
 
 def config(base_url: str) -> dict[str, Any]:
@@ -62,17 +63,7 @@ def config(base_url: str) -> dict[str, Any]:
         },
         "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}},
         "tenants": {name: {"weight": weight} for name, (weight, _) in TENANTS.items()},
-    } if not __import__("os").environ.get("FAIR_NOTENANT") else {
-        "sources": {
-            "sim": {
-                "base_url": base_url,
-                "model": "fair-model",
-                "max_concurrency": CAP,
-                "tpm": TPM,
-                "timeout_s": 30,
-            }
-        },
-        "scopes": {"summarise": {"kind": "chat", "sources": ["sim"]}}}
+    }
 
 
 def messages(tokens: int) -> list[dict[str, str]]:
@@ -112,7 +103,7 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
                 await gateway.chat(
                     "summarise",
                     messages(TENANTS[tenant][1]),
-                    tenant=None if __import__("os").environ.get("FAIR_NOTENANT") else tenant,
+                    tenant=tenant,
                     max_tokens=ANSWER_TOKENS,
                 )
                 verdicts["success"] += 1
@@ -124,6 +115,18 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     await asyncio.gather(*(caller(t) for t in TENANTS for _ in range(spec["callers"])))
     await gateway.aclose()
     return {**counts, "verdicts": dict(verdicts), "began": began, "last_a": last_a[0]}
+
+
+def served_tokens(journal: Any, epoch: float) -> list[tuple[float, str, int]]:
+    """(time, tenant, tokens) of each request the provider served, the tenant told by
+    what its calls cost."""
+    by_cost = {cost: tenant for tenant, (_, cost) in TENANTS.items()}
+    served = []
+    for entry in journal:
+        if entry.outcome == "ok":
+            tokens = entry.prompt_tokens + entry.completion_tokens
+            served.append((entry.at + epoch, by_cost[tokens], tokens))
+    return sorted(served)
 
 
 def jain(values: list[float]) -> float:
@@ -142,7 +145,7 @@ def tally(served: list[tuple[float, str, int]], start: float, seconds: float) ->
 def plot(
     served: list[tuple[float, str, int]], began: float, marks: list[float], path: Path
 ) -> bool:
-    """Each tenant's tokens served per 5 s, over the run."""
+    """Each tenant's tokens served per `BIN_S`, over the run."""
     try:
         import matplotlib  # noqa: PLC0415
 
@@ -152,20 +155,27 @@ def plot(
         print("matplotlib is not installed (pip install '.[bench]'): no plot", file=sys.stderr)
         return False
     end = max(at for at, _, _ in served) - began
-    bins = int(end // 5) + 1
+    bins = int(end // BIN_S) + 1
     figure, axis = plt.subplots(figsize=(9, 4))
     for tenant, (weight, _) in TENANTS.items():
         per_bin = [0] * bins
         for at, who, cost in served:
             if who == tenant:
-                per_bin[int((at - began) // 5)] += cost
-        axis.step([5 * k for k in range(bins)], [t / 5 for t in per_bin], where="post",
+                per_bin[int((at - began) // BIN_S)] += cost
+        axis.step([BIN_S * k for k in range(bins)], [t / BIN_S for t in per_bin], where="post",
                   label=f"tenant {tenant} (weight {weight:g})")  # fmt: skip
+    for weight, _ in TENANTS.values():  # each one's share of the quota, all three backlogged
+        axis.axhline(TPM / 60 * weight / 8, color="grey", linewidth=0.5)
+    axis.set_ylim(0, TPM / 60)  # (the bucket's first burst, at the start, is cut off)
     for mark in marks:
         axis.axvline(mark - began, color="grey", linestyle="--", linewidth=0.8)
     axis.set_xlabel("seconds")
-    axis.set_ylabel("tokens served per second (5 s bins)")
-    axis.set_title(f"Three tenants on one {TPM:,} TPM quota (dashed: windows; a stops)")
+    axis.set_ylabel(f"tokens served per second ({BIN_S:g} s bins)")
+    axis.set_title(
+        f"Three tenants on one {TPM:,} TPM quota (grey: 1:2:5 of it; dashed: the windows, "
+        "a's last call)",
+        fontsize=10,
+    )
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
@@ -193,18 +203,8 @@ async def run(url: str, args: argparse.Namespace) -> str:
         epoch = time.time() - provider.since_start()  # the journal's clock, as epoch seconds
     results = fleet.results
     began = min(r["began"] for r in results)
-    by_cost = {cost: tenant for tenant, (_, cost) in TENANTS.items()}
-    served = sorted(
-        (e.at + epoch, by_cost[e.prompt_tokens + e.completion_tokens], e.prompt_tokens + e.completion_tokens)
-        for e in journal
-        if e.outcome == "ok"
-    )  # fmt: skip
+    served = served_tokens(journal, epoch)
     refusals = sum(1 for e in journal if e.outcome.startswith("429"))
-    import os
-    if os.environ.get("FAIR_DEBUG"):
-        for e in journal:
-            if e.outcome.startswith("429"):
-                print("429", round(e.at + epoch - began, 2), e.outcome, e.prompt_tokens, file=sys.stderr)
     verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
     refused = sum(r["admits"] - r["granted"] for r in results)
     grants = sum(r["granted"] for r in results)

@@ -338,6 +338,12 @@ def priority() -> str:
     return "\n".join(table_lines(text, "| phase | interactive calls |"))
 
 
+def fair_share() -> str:
+    """Three tenants' token shares of one quota, as fair_share.md has it."""
+    text = (RESULTS / "fair_share.md").read_text(encoding="utf-8")
+    return "\n".join(table_lines(text, "| window | tokens a / b / c |"))
+
+
 def fleet() -> str:
     """1,000+ concurrent governed calls under one cap and one quota, as fleet.md has it."""
     text = (RESULTS / "fleet.md").read_text(encoding="utf-8")
@@ -352,6 +358,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "demo": demo,
     "fairness": fairness,
     "priority": priority,
+    "fairshare": fair_share,
     "fleet": fleet,
 }
 

@@ -54,9 +54,10 @@ class PriorityConfig(_Strict):
 
 
 class TenantConfig(_Strict):
-    """A tenant's share. Within a class, waiting calls are served by weighted fair queuing on
-    their estimated tokens: tenants that keep calls waiting get tokens in the ratio of their
-    weights, and an idle tenant's share goes to the others."""
+    """A tenant's share. Within a class, calls waiting for a source's permits or a quota's
+    slots are served by weighted fair queuing on their estimated tokens: tenants that keep
+    calls waiting get tokens in the ratio of their weights, and an idle tenant's share goes
+    to the others."""
 
     weight: float = Field(
         1.0,

@@ -61,3 +61,17 @@ def test_the_celery_priorities_table_has_a_row_per_broker_governance_and_phase()
     rows = [line for line in report.splitlines() if line.startswith("| redis |")]
     assert len(rows) == 4, report  # (FIFO, classes) x (half, above the quota)
     assert "FAILED" not in report
+
+
+def test_the_fair_share_table_has_a_row_per_window_and_no_refusal() -> None:
+    # (too short for its targets: the tenants' shares are asserted on virtual time, by
+    # the store contract; here the benchmark runs end to end)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/fair_share.py", "--processes", "2", "--callers", "1",
+         "--warmup-s", "5", "--window-s", "10", "--windows", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    report = done.stdout
+    assert any(line.startswith("| 0-10 s |") for line in report.splitlines()), done.stderr[-3000:]
+    assert "provider 429s 0;" in report, report
+    assert "'success'" in report, report
