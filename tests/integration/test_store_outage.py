@@ -89,7 +89,11 @@ CLASSES = {
 
 
 async def run_load(
-    server: RedisServer, witness: Witness, disturb: Any, callers: int = 6, classes: bool = False
+    server: RedisServer,
+    witness: Witness,
+    disturb: Any,
+    callers: int = 6,
+    classes: bool = False,
 ) -> tuple[Load, dict[str, float]]:
     config = parse_config(
         {
@@ -200,3 +204,69 @@ async def test_script_flush_mid_run_fails_no_call(server: RedisServer, witness: 
     load, _ = await run_load(server, witness, flush)
     assert len(load.calls) > 50
     assert {verdict for _, _, verdict in load.calls} == {"success"}
+
+
+RPM = 120  # a bucket: a minute's requests at once, then two a second
+
+
+async def run_quota_load(
+    server: RedisServer, witness: Witness, disturb: Any
+) -> tuple[Load, dict[str, float]]:
+    """Three callers of each of three tenants (weighted 1:2:5) at a source of `RPM`; Redis
+    is disturbed once the bucket's burst is spent and the callers wait for its slots."""
+    config = parse_config(
+        {
+            "sources": {"w": {"max_concurrency": CAP, "timeout_s": 30, "rpm": RPM}},
+            "scopes": {"s": {"kind": "embedding", "sources": ["w"], "poll_interval_s": 0.1}},
+            "tenants": CLASSES["tenants"],
+        }
+    )
+    store = RedisStore.from_url(server.url, lease_s=LEASE_S, socket_timeout_s=SOCKET_TIMEOUT_S)
+    source = WitnessSource(witness.port)
+    load = Load(Gateway(config, {"w": source}, store=store))
+    tasks = [asyncio.ensure_future(load.caller("x", None, t)) for t in "abc" * 3]
+    try:
+        async with asyncio.timeout(120):
+            # the burst spent: the callers book slots (the witness keeps no event)
+            while len(witness.spans) < RPM + 4:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        marks = await disturb()
+        await asyncio.sleep(8.0)  # time to recover: 16 slots
+    finally:
+        load.running = False
+        await asyncio.gather(*tasks)
+        await store.aclose()
+        for client in source.clients.values():
+            client.close()
+    return load, marks
+
+
+async def test_redis_crashed_and_restarted_with_tenants_booked_on_a_quota(
+    server: RedisServer, witness: Witness
+) -> None:
+    """Callers of three tenants wait for a quota's slots, booked ahead and placed by their
+    tags, when Redis is SIGKILLed and restarted: the bookings, tags and buckets come back
+    from its log, no request goes out while it is away, none goes over the quota (the
+    witness's starts against the provider's bucket), and every tenant is served
+    afterwards."""
+
+    async def crash() -> dict[str, float]:
+        down = time.monotonic()
+        server.kill()
+        await asyncio.sleep(4.0)
+        server.start()
+        return {"down": down, "up": time.monotonic()}
+
+    load, marks = await run_quota_load(server, witness, crash)
+    down, up = marks["down"], marks["up"]
+    during = load.between(down + 0.05, up - SOCKET_TIMEOUT_S - 0.1)
+    assert during, "no call was made while Redis was unreachable"
+    assert {verdict for _, _, verdict in during} == {"backend_error"}
+    assert not [start for start, _, _ in witness.spans if down + 0.05 < start < up]
+    tat = 0.0  # the provider's bucket: RPM a minute, a minute's burst
+    for start in sorted(start for start, _, _ in witness.spans):
+        over = max(tat - start, 0.0) + 60.0 / RPM - 60.0
+        assert over <= 0.25, f"a request {over:.2f} s over the quota"
+        tat = max(tat, start) + 60.0 / RPM
+    served = {tenant for at, _, tenant in load.served if at >= up}
+    assert served == set("abc"), load.served[-20:]
