@@ -74,7 +74,7 @@ def gcra_reserve(tat: float, now: float, cost: float, limit: int) -> tuple[float
     `ARRIVAL_MARGIN_S` later. A cost above the limit is charged as the whole limit:
     such a request is admitted once the quota is fully refilled instead of never.
     """
-    charge = _charge_s(cost, limit)
+    charge = charge_s(cost, limit)
     over = max(tat - now, 0.0) + charge - PERIOD_S  # (exact for a full bucket: no rounding)
     if over > 0:
         return tat, over
@@ -100,10 +100,10 @@ def gcra_settle(tat: float, reserved: float, used: float, limit: int) -> float:
 
     Both are clamped to the limit, as `gcra_reserve` charged the reservation.
     """
-    return tat + _charge_s(used, limit) - _charge_s(reserved, limit)
+    return tat + charge_s(used, limit) - charge_s(reserved, limit)
 
 
-def _charge_s(cost: float, limit: int) -> float:
+def charge_s(cost: float, limit: int) -> float:
     """What `cost` units move a TAT by, clamped to the limit as `gcra_reserve` does."""
     return min(max(cost, 0.0), float(limit)) * PERIOD_S / limit
 
@@ -161,9 +161,9 @@ def gcra_book(dims: Sequence[tuple[float, float, int]], now: float) -> tuple[flo
     """
     slot = now
     for tat, cost, limit in dims:
-        slot = max(slot, now + max(tat - now, 0.0) + _charge_s(cost, limit) - PERIOD_S)
+        slot = max(slot, now + max(tat - now, 0.0) + charge_s(cost, limit) - PERIOD_S)
     late = slot + ARRIVAL_MARGIN_S
-    return slot, [max(tat, late) + _charge_s(cost, limit) for tat, cost, limit in dims]
+    return slot, [max(tat, late) + charge_s(cost, limit) for tat, cost, limit in dims]
 
 
 RESET_EVIDENCE_S = 10.0

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from polygate_celery.core.quota import (
     BOOKING_SLACK_S,
+    charge_s,
     gcra_book,
     gcra_charge,
     gcra_reserve,
-    gcra_settle,
     window_wait,
 )
 from polygate_celery.core.standing import (
@@ -59,7 +59,7 @@ class _Dim:
     def later_s(self, booked: float, est: float) -> float:
         """How much later than a slot booked for `booked` units the bucket has room for
         `est` (0 for no more)."""
-        return max(0.0, gcra_settle(0.0, booked, est, self.limit))
+        return max(0.0, charge_s(est, self.limit) - charge_s(booked, self.limit))
 
 
 def quota_say(
@@ -209,37 +209,37 @@ def take_booked(
     fresh_slot: float,
     now: float,
 ) -> list[float] | None:
-    """A slot ahead that a waiter of a class the caller's is served before booked at one
-    of `candidates`, or a call of the caller's class it comes before (a later one, or,
-    between tenants' calls, one of a higher tag: `core.standing.takes_later`), no later
-    than a new booking's (`fresh_slot`) and within `book_within_s`: taken for the caller
-    (SPEC §8), its quota paid already (the token buckets charged for the caller's
-    estimate instead of the booker's). The waiter it was taken from finds its booking
-    gone when it asks at its slot, and books anew. Another class's slot is taken before
-    one of the caller's own class, if either is soon enough.
+    """A booking ahead that the caller comes before, at one of `candidates`: a waiter's of
+    a class the caller's is served before, or of a call of the caller's class it comes
+    before (a later one, or, between tenants' calls, one of a higher tag:
+    `core.standing.takes_later`), whose slot is no later than a new booking's
+    (`fresh_slot`) and within `book_within_s` (SPEC §8). Another class's booking comes
+    before one of the caller's own class, if either is soon enough.
 
-    On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
-    of a larger estimate taking it is admitted later by the difference, and every booking
-    after the slot moves as much later (they were placed after the booker's tokens; their
-    bookers find out when they ask). On a quota shared with other sources (a
-    ``[quotas]`` entry), whose bookings are not moved from here, such a slot is not taken.
+    On the source's own buckets (declared for it alone, or learned), every booking charged
+    to them is in its `SourceState.booked`: the caller goes in at that slot (later by the
+    difference if its tokens are more than the booker's: the bucket has room there for
+    the booker's), charged as for a new booking, and that booking and every one after it
+    move later by the caller's charge; their bookers are told when they ask. On a quota
+    shared with other sources (a ``[quotas]`` entry), whose bookings are not moved from
+    here, it takes the slot instead, when it has room for its tokens, the buckets charged
+    already for the booker's; the booker finds its booking gone when it asks, and books
+    anew.
 
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
-    a `PLAIN` caller takes a later call's slot only. The booking, or None (as
+    a `PLAIN` caller comes before a later call only. The caller's booking, or None (as
     admit_booking.lua's `take_booked`)."""
     rank, floors = request.standing.rank, request.standing.floors
     plain = request.standing is PLAIN
-    # another class's soonest slot, and one of a call of the caller's own class: (its
-    # slot for the caller, candidate, its state, the booker, how much later it moves
-    # the bookings after it)
-    bests: list[tuple[float, SourceTerms, SourceState, str, float] | None] = [None, None]
+    # another class's booking, and one of a call of the caller's own class: (the caller's
+    # slot there, candidate, its state, the booker)
+    bests: list[tuple[float, SourceTerms, SourceState, str] | None] = [None, None]
     for terms, state in candidates:
         tag_ = _tag_at(state, request)
         dims = _dims(ledger, terms, state, request.est_tokens, now)
         tokens = [d for d in dims if d.tokens]
-        # a quota shared with other sources: their bookings after the slot cannot move
-        movable = terms.quota is None or terms.quota.tpm is None or _own(terms)
+        own = _own(terms) or not any(isinstance(d.holder, QuotaState) for d in dims)
         ahead = sorted(
             (booking[1], other)
             for other, booking in state.booked.items()
@@ -250,10 +250,10 @@ def take_booked(
             slot, theirs = booking[0], int(booking[2])
             which = int(theirs == rank)
             best = bests[which]
-            shift = max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
-            if slot <= now or (best is not None and slot + shift >= best[0]):
+            later = max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
+            if slot <= now or (best is not None and slot + later >= best[0]):
                 continue
-            if shift > 0 and not movable:
+            if later > 0 and not own:
                 continue  # the bucket has room at that slot for the booker's tokens alone
             if theirs == rank:
                 booker_tag = None if booking[5] == NO_TAG else booking[5]
@@ -263,7 +263,7 @@ def take_booked(
                     continue  # its own class: one that comes before it
             elif plain or slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
                 continue  # higher, or owed a slot
-            bests[which] = (slot + shift, terms, state, other, shift)
+            bests[which] = (slot + later, terms, state, other)
     # Another class's first (the classes' order and floors come before the order within
     # one), if soon enough: no later than a new booking, and within `book_within_s`.
     soon = [
@@ -273,16 +273,20 @@ def take_booked(
     ]
     if not soon:
         return None
-    slot, terms, state, other, shift = soon[0]
-    taken = state.booked.pop(other)
-    if shift > 0:  # the bookings after it move later, so the caller's tokens have room
+    slot, terms, state, other = soon[0]
+    dims = _dims(ledger, terms, state, request.est_tokens, now)
+    if _own(terms) or not any(isinstance(d.holder, QuotaState) for d in dims):
+        # it goes in before that booking: it and every one after it move later
+        booked_at = state.booked[other][0]
+        by = max(charge_s(d.cost, d.limit) for d in dims)
         for booking in state.booked.values():
-            if booking[0] > taken[0]:
-                booking[0] += shift
-                booking[1] += shift
-    for dim in _dims(ledger, terms, state, request.est_tokens, now):
-        if dim.tokens:  # charged for the booker's estimate: now for the caller's
-            dim.charge(gcra_settle(dim.tat, int(taken[3]), request.est_tokens, dim.limit))
+            if booking[0] >= booked_at:
+                booking[0] += by
+                booking[1] += by
+        for dim in dims:
+            dim.charge(dim.tat + charge_s(dim.cost, dim.limit))
+    else:  # a shared quota: it takes the slot, charged already for the booker's tokens
+        del state.booked[other]
     return _booked(state, call_id, request, slot, now)
 
 

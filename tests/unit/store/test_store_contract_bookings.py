@@ -284,20 +284,52 @@ async def test_a_class_owed_a_slot_keeps_its_booked_slots(h: Harness) -> None:
     assert taken.booked_in_s == pytest.approx(1.0)  # b2's
 
 
-async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None:
-    """The booker's quota paid its own estimate; the caller taking the slot is charged its
-    own instead (settle corrects from it): the bucket reopens sooner by the difference."""
+async def test_a_slot_taken_on_a_shared_quota_stays_charged_for_its_bookers_tokens(
+    h: Harness,
+) -> None:
+    """On a quota shared with other sources (their bookings are not at hand) a caller takes
+    a slot booked for more tokens than its own as it is: the bucket stays charged for the
+    booker's, so it reopens no sooner (handing the difference back let a later booking
+    land on top of the bookings after the slot)."""
     tpm = SourceTerms("tpm", 10, quota=QuotaTerms("tpm-key", tpm=6000))  # 100 a second
     for cost in (1000, 10):  # the burst spent, to the last ten tokens
         while isinstance(answer := await h.admit(tpm, est_tokens=cost), Grant):
             await h.settle(answer, tpm)
-    await h.deny(tpm, waiter="b1", standing=BATCH, est_tokens=1000, **WITHIN)
+    booked = await h.deny(tpm, waiter="b1", standing=BATCH, est_tokens=1000, **WITHIN)
     before = await h.deny(tpm, est_tokens=1000)
     taken = await h.deny(tpm, waiter="i1", standing=INTERACTIVE, est_tokens=10, **WITHIN)
-    assert taken.booked_in_s is not None
+    assert taken.booked_in_s == pytest.approx(booked.booked_in_s)
     after = await h.deny(tpm, est_tokens=1000)
-    assert before.reopen_in_s is not None
-    assert after.reopen_in_s == pytest.approx(before.reopen_in_s - 9.9)  # (1000 - 10) / 100
+    assert after.reopen_in_s == pytest.approx(before.reopen_in_s)
+
+
+OWN = SourceTerms("own", 10, quota=QuotaTerms("source:own", rpm=60))  # its own: one a second
+
+
+async def test_on_its_own_quota_a_higher_class_goes_in_before_the_bookings(h: Harness) -> None:
+    """On the source's own quota every booking is at hand: an interactive caller goes in
+    at the soonest batch booking's slot, charged as a new booking, and the batch bookings
+    each move one slot later; each batch caller is told so when it asks at its old slot,
+    and none books anew."""
+    first = await drain(h, OWN)
+    assert first.reopen_in_s is not None
+    slot = {}
+    for waiter in ("b1", "b2", "b3"):
+        h.clock.advance(0.01)
+        booked = await h.deny(OWN, waiter=waiter, standing=BATCH, **WITHIN)
+        slot[waiter] = h.clock.now() + booked.booked_in_s
+    urgent = await h.deny(OWN, waiter="i1", standing=INTERACTIVE, **WITHIN)
+    assert h.clock.now() + urgent.booked_in_s == pytest.approx(slot["b1"])
+    after = await h.deny(OWN)
+    assert h.clock.now() + after.reopen_in_s == pytest.approx(slot["b3"] + 2.0)  # charged
+    h.clock.advance(slot["b1"] - h.clock.now())
+    assert isinstance(await h.admit(OWN, waiter="i1", standing=INTERACTIVE, **WITHIN), Grant)
+    for waiter in ("b1", "b2", "b3"):
+        h.clock.advance(slot[waiter] - h.clock.now())
+        told = await h.deny(OWN, waiter=waiter, standing=BATCH, **WITHIN)
+        assert told.booked_in_s == pytest.approx(1.0)  # its booking, one slot later
+        h.clock.advance(1.0)
+        assert isinstance(await h.admit(OWN, waiter=waiter, standing=BATCH, **WITHIN), Grant)
 
 
 async def test_a_class_owed_a_slot_takes_a_higher_classs_soonest(h: Harness) -> None:
