@@ -329,7 +329,7 @@ MUTATIONS = (
         "polygate_celery/store/redis/lua/admit_booking.lua",
         "  for _, which in ipairs(bests) do\n",
         "  for _, which in ipairs({bests[2], bests[1]}) do\n",
-        ("tests/unit/governance/test_priority_quota.py",),
+        ("tests/unit/store/test_store_contract_bookings.py",),
     ),
     Mutation(
         "call-keeps-arrival",

@@ -403,3 +403,20 @@ async def test_no_slot_booked_for_fewer_tokens_is_taken_on_a_shared_quota(h: Har
     assert large.booked_in_s == pytest.approx(small.booked_in_s + 5.0)  # a slot of its own
     smaller = await h.deny(tokens, est_tokens=50, waiter="i2", standing=INTERACTIVE, **WITHIN)
     assert smaller.booked_in_s == pytest.approx(small.booked_in_s)  # b1's
+
+
+async def test_a_lower_classs_booking_is_taken_before_a_later_call_of_ones_own(
+    h: Harness,
+) -> None:
+    """A call asking again (it has arrived) could take a later call's slot of its own class
+    or a lower class's: the lower class's comes first while soon enough, though the other
+    is sooner (the classes' order comes before the order within one)."""
+    first = await drain(h, RPM)
+    assert first.reopen_in_s is not None
+    h.arrivals["i1"] = 0  # (it arrived first: its attempt failed, it asks again)
+    h.clock.advance(0.01)
+    mine = await h.deny(RPM, waiter="i2", standing=INTERACTIVE, **WITHIN)
+    lower = await h.deny(RPM, waiter="b1", standing=BATCH, **WITHIN)
+    assert lower.booked_in_s == pytest.approx(mine.booked_in_s + 1.0)
+    again = await h.deny(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
+    assert again.booked_in_s == pytest.approx(lower.booked_in_s)
