@@ -134,7 +134,7 @@ local function waiter() return ARGV[12] .. ' ' .. call .. ' ' .. ARGV[7] end
 -- where a waiter of this caller's standing takes its place (standing.lua)
 local s_rank, s_weight, s_tenant, s_floors, s_virtual, s_finish = standing_of(ARGV[9])
 -- its place (ARGV[10]): its arrival (given, or now), and its tag on the quota ("" none)
-local given_arrival, given_tag = string.match(ARGV[10], '^(%d*) ?(%S*)$')
+local given_arrival, given_tag = string.match(ARGV[10], '^(-?%d*) ?(%S*)$')
 local arrival = given_arrival ~= '' and given_arrival or string.format('%.0f', now * 1e6)
 -- a slot this caller books (admit_booking.lua), for a caller that waits
 local function booking_of(tag)

@@ -87,7 +87,7 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
     local first = {}  -- another class -> whether this caller's is served before it here
     for k = 1, #ahead, 2 do
       local r, claim, booker_est, booker_arrival, booker_tag =
-        string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (%d+) (%S+)$')
+        string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
       r = tonumber(r)
       if r and r ~= rank and first[r] == nil then  -- (a plain caller takes no other's)
         first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
