@@ -316,6 +316,24 @@ MUTATIONS = (
         ("tests/unit/store/test_store_contract_bookings.py",),
     ),
     Mutation(
+        "quota-going-in-walks-back",
+        "a call goes in only before the bookings at the end that it comes before (Redis)",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "          if not comes_before(tonumber(r), booker_arrival, booker_tag) then break end\n",
+        "",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
+        "quota-going-in-walks-back-memory",
+        "a call goes in only before the bookings at the end that it comes before (memory)",
+        "polygate_celery/store/memory/quota.py",
+        "                if not _comes_before(request, state, tag_, state.booked[other]):\n"
+        "                    break\n",
+        "                if not _comes_before(request, state, tag_, state.booked[other]):\n"
+        "                    continue\n",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
         "call-keeps-tag",
         "a tenant's call keeps the tag its booking gave it, and gives it when it asks again",
         "polygate_celery/governance/loop.py",

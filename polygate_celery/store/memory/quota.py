@@ -230,40 +230,46 @@ def take_booked(
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
     a `PLAIN` caller comes before a later call only. The caller's booking, or None (as
     admit_booking.lua's `take_booked`)."""
-    rank, floors = request.standing.rank, request.standing.floors
-    plain = request.standing is PLAIN
-    # another class's booking, and one of a call of the caller's own class: (the caller's
-    # slot there, candidate, its state, the booker)
+    rank = request.standing.rank
+    # another class's booking (or, on its own buckets, the one it goes in before), and one
+    # of a call of the caller's own class: (the caller's slot there, candidate, its
+    # state, the booker)
     bests: list[tuple[float, SourceTerms, SourceState, str] | None] = [None, None]
     for terms, state in candidates:
         tag_ = _tag_at(state, request)
         dims = _dims(ledger, terms, state, request.est_tokens, now)
         tokens = [d for d in dims if d.tokens]
         own = _own(terms) or not any(isinstance(d.holder, QuotaState) for d in dims)
+
         ahead = sorted(
             (booking[1], other)
             for other, booking in state.booked.items()
             if booking[1] > now + request.claim_s
-        )[:TAKE_SCAN]
-        for _, other in ahead:
+        )
+        if own:  # walking back: before the earliest of the last bookings it comes before
+            at = None
+            for _, other in reversed(ahead[-TAKE_SCAN:]):
+                if not _comes_before(request, state, tag_, state.booked[other]):
+                    break
+                if state.booked[other][0] > now:
+                    at = other
+            if at is not None:
+                slot = state.booked[at][0] + _later_than(tokens, state.booked[at], request)
+                if bests[0] is None or slot < bests[0][0]:
+                    bests[0] = (slot, terms, state, at)
+            continue
+        for _, other in ahead[:TAKE_SCAN]:  # the soonest it comes before, to take its slot
             booking = state.booked[other]
             slot, theirs = booking[0], int(booking[2])
             which = int(theirs == rank)
             best = bests[which]
-            later = max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
-            if slot <= now or (best is not None and slot + later >= best[0]):
+            if slot <= now or (best is not None and slot >= best[0]):
                 continue
-            if later > 0 and not own:
-                continue  # the bucket has room at that slot for the booker's tokens alone
-            if theirs == rank:
-                booker_tag = None if booking[5] == NO_TAG else booking[5]
-                if not takes_later(
-                    request.arrival, rank, int(booking[4]), theirs, tag_, booker_tag
-                ):
-                    continue  # its own class: one that comes before it
-            elif plain or slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
-                continue  # higher, or owed a slot
-            bests[which] = (slot + later, terms, state, other)
+            if _later_than(tokens, booking, request) > 0:
+                continue  # the bucket has room there for the booker's tokens alone
+            if not _comes_before(request, state, tag_, booking):
+                continue  # one that comes before it
+            bests[which] = (slot, terms, state, other)
     # Another class's first (the classes' order and floors come before the order within
     # one), if soon enough: no later than a new booking, and within `book_within_s`.
     soon = [
@@ -288,6 +294,26 @@ def take_booked(
     else:  # a shared quota: it takes the slot, charged already for the booker's tokens
         del state.booked[other]
     return _booked(state, call_id, request, slot, now)
+
+
+def _comes_before(
+    request: AdmitRequest, state: SourceState, tag_: float | None, booking: list[float]
+) -> bool:
+    """Whether the caller (its tag at `state`, `tag_`) comes before `booking`: another
+    class's when its own is served first there; one of its class when that arrived later,
+    or, between calls of tenants, is tagged after it (`core.standing.takes_later`)."""
+    rank, theirs = request.standing.rank, int(booking[2])
+    if theirs != rank:
+        if request.standing is PLAIN:
+            return False
+        return slot_goes_to(rank, theirs, state.slot_credits, request.standing.floors) == rank
+    booker_tag = None if booking[5] == NO_TAG else booking[5]
+    return takes_later(request.arrival, rank, int(booking[4]), theirs, tag_, booker_tag)
+
+
+def _later_than(tokens: list[_Dim], booking: list[float], request: AdmitRequest) -> float:
+    """How much later than `booking`'s slot its token buckets have room for the caller's."""
+    return max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
 
 
 def _own(terms: SourceTerms) -> bool:

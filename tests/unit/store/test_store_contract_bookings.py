@@ -420,3 +420,28 @@ async def test_a_lower_classs_booking_is_taken_before_a_later_call_of_ones_own(
     assert lower.booked_in_s == pytest.approx(mine.booked_in_s + 1.0)
     again = await h.deny(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
     assert again.booked_in_s == pytest.approx(lower.booked_in_s)
+
+
+async def test_on_its_own_quota_a_call_never_goes_in_before_an_earlier_one_of_its_class(
+    h: Harness,
+) -> None:
+    """A batch booking left ahead of an interactive one (batch was owed a slot when that
+    booked) is no door for a later interactive call: it goes in only before the bookings
+    at the end that it comes before, so it stays behind the earlier interactive call."""
+    interactive, batch = FLOORED  # batch's floor half the slots used
+    first = await drain(h, OWN)
+    assert first.reopen_in_s is not None
+    b0 = await h.deny(OWN, waiter="b0", standing=batch, **WITHIN)
+    await h.deny(OWN, waiter="b1", standing=batch, **WITHIN)
+    i0 = await h.deny(OWN, waiter="i0", standing=interactive, **WITHIN)
+    assert i0.booked_in_s == pytest.approx(b0.booked_in_s)  # before batch's bookings
+    h.clock.advance(i0.booked_in_s)
+    assert isinstance(await h.admit(OWN, waiter="i0", standing=interactive, **WITHIN), Grant)
+    # an interactive slot used: batch is owed one, and i1 books after its bookings
+    i1 = await h.deny(OWN, waiter="i1", standing=interactive, **WITHIN)
+    assert i1.booked_in_s == pytest.approx(3.0)
+    h.clock.advance(1.0)  # b0's slot (moved one later by i0)
+    assert isinstance(await h.admit(OWN, waiter="b0", standing=batch, **WITHIN), Grant)
+    # batch's slot used: it is owed none now; b1's booking is still ahead of i1's
+    i2 = await h.deny(OWN, waiter="i2", standing=interactive, **WITHIN)
+    assert i2.booked_in_s == pytest.approx(3.0)  # i1's is 2 s ahead: after it

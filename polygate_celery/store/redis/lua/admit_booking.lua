@@ -69,8 +69,6 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
   local fl = floors_of(floors)
   local bests = {{}, {}}  -- another class's soonest slot, and a later call's of its own
   for _, b in ipairs(bookable) do
-    local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
-      '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
     local credits = credits_of(b[3], fl)
     local mine = tonumber((tag_at(b[1])))  -- (nil: no tenant)
     -- its token buckets, and whether its buckets are the source's own (declared for it
@@ -85,35 +83,70 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
     end
     b.own = own
     local first = {}  -- another class -> whether this caller's is served before it here
-    for k = 1, #ahead, 2 do
-      local r, claim, booker_est, booker_arrival, booker_tag =
-        string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
-      r = tonumber(r)
-      if r and r ~= rank and first[r] == nil then  -- (a plain caller takes no other's)
-        first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
+    -- whether this caller comes before a booking of class `r`: another class's when its
+    -- own is served first there; one of its class when that arrived later, or, between
+    -- calls of tenants, is tagged after it (core.standing.takes_later)
+    local function comes_before(r, booker_arrival, booker_tag)
+      if r ~= rank then
+        if first[r] == nil then  -- (a plain caller comes before no other class)
+          first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
+        end
+        return first[r]
       end
-      -- how much later than the slot the bucket has room for this caller's tokens
+      local theirs = tonumber(booker_tag)
+      if mine ~= nil or theirs ~= nil then
+        return mine ~= nil and theirs ~= nil and theirs > mine
+      end
+      return arrival ~= nil and tonumber(booker_arrival) > arrival
+    end
+    -- how much later than a slot booked for `booked` tokens the bucket has room for its
+    local function later_than(booked)
       local later = 0
       for _, d in ipairs(tokens) do
-        later = math.max(later, charge_s(est, d[3]) - charge_s(tonumber(booker_est), d[3]))
+        later = math.max(later, charge_s(est, d[3]) - charge_s(tonumber(booked), d[3]))
       end
-      local which = nil
-      if r and later > 0 and not own then
-        which = nil  -- the bucket has room at that slot for the booker's tokens alone
-      elseif r and r ~= rank and first[r] then
-        which = bests[1]
-      elseif r == rank then  -- core.standing.takes_later
-        local theirs = tonumber(booker_tag)
-        if mine ~= nil or theirs ~= nil then
-          if mine ~= nil and theirs ~= nil and theirs > mine then which = bests[2] end
-        elseif arrival ~= nil and tonumber(booker_arrival) > arrival then
-          which = bests[2]
+      return later
+    end
+    if own then
+      -- Walking back from the last booking ahead: it goes in before the earliest of the
+      -- bookings at the end that it comes before, never before one that comes before it.
+      local back = redis.call('ZREVRANGEBYSCORE', KEYS[6 * b[1]], '+inf',
+        '(' .. fmt(now + claim_s), 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
+      local at = nil
+      for k = 1, #back, 2 do
+        local r, claim, booker_est, booker_arrival, booker_tag =
+          string.match(back[k], '^@%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
+        if r then  -- (a waiter's claim is no booking)
+          if not comes_before(tonumber(r), booker_arrival, booker_tag) then break end
+          local slot = tonumber(back[k + 1]) - tonumber(claim)
+          if slot > now then at = {back[k], slot, booker_est} end
         end
       end
-      if which then
-        local slot = tonumber(ahead[k + 1]) - tonumber(claim)
-        if slot > now and (which.slot == nil or slot + later < which.slot) then
-          which.b, which.member, which.slot, which.booked = b, ahead[k], slot + later, slot
+      if at then
+        local slot = at[2] + later_than(at[3])
+        if bests[1].slot == nil or slot < bests[1].slot then
+          bests[1] = {b = b, member = at[1], slot = slot, booked = at[2]}
+        end
+      end
+    else  -- the soonest booking it comes before, to take its slot
+      local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
+        '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
+      for k = 1, #ahead, 2 do
+        local r, claim, booker_est, booker_arrival, booker_tag =
+          string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
+        r = tonumber(r)
+        local later = r and later_than(booker_est) or 0
+        local which = nil
+        if r and later > 0 then
+          which = nil  -- the bucket has room at that slot for the booker's tokens alone
+        elseif r and comes_before(r, booker_arrival, booker_tag) then
+          which = r ~= rank and bests[1] or bests[2]
+        end
+        if which then
+          local slot = tonumber(ahead[k + 1]) - tonumber(claim)
+          if slot > now and (which.slot == nil or slot < which.slot) then
+            which.b, which.member, which.slot, which.booked = b, ahead[k], slot, slot
+          end
         end
       end
     end
