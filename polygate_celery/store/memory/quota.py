@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from polygate_celery.core.quota import (
+    ARRIVAL_MARGIN_S,
     BOOKING_SLACK_S,
-    charge_s,
     gcra_book,
     gcra_charge,
     gcra_reserve,
+    gcra_settle,
     window_wait,
 )
 from polygate_celery.core.standing import (
@@ -59,7 +60,7 @@ class _Dim:
     def later_s(self, booked: float, est: float) -> float:
         """How much later than a slot booked for `booked` units the bucket has room for
         `est` (0 for no more)."""
-        return max(0.0, charge_s(est, self.limit) - charge_s(booked, self.limit))
+        return max(0.0, gcra_settle(0.0, booked, est, self.limit))
 
 
 def quota_say(
@@ -209,67 +210,61 @@ def take_booked(
     fresh_slot: float,
     now: float,
 ) -> list[float] | None:
-    """A booking ahead that the caller comes before, at one of `candidates`: a waiter's of
-    a class the caller's is served before, or of a call of the caller's class it comes
-    before (a later one, or, between tenants' calls, one of a higher tag:
-    `core.standing.takes_later`), whose slot is no later than a new booking's
-    (`fresh_slot`) and within `book_within_s` (SPEC §8). Another class's booking comes
-    before one of the caller's own class, if either is soon enough.
+    """A slot ahead that a waiter of a class the caller's is served before booked at one
+    of `candidates`, or a call of the caller's class it comes before (a later one, or,
+    between tenants' calls, one of a higher tag: `core.standing.takes_later`), no later
+    than a new booking's (`fresh_slot`) and within `book_within_s`: taken for the caller
+    (SPEC §8), its quota paid already (the token buckets charged for the caller's
+    estimate instead of the booker's). The waiter it was taken from finds its booking
+    gone when it asks at its slot, and books anew. Another class's slot is taken before
+    one of the caller's own class, if either is soon enough.
 
-    On the source's own buckets (declared for it alone, or learned), every booking charged
-    to them is in its `SourceState.booked`: the caller goes in at that slot (later by the
-    difference if its tokens are more than the booker's: the bucket has room there for
-    the booker's), charged as for a new booking, and that booking and every one after it
-    move later by the caller's charge; their bookers are told when they ask. On a quota
-    shared with other sources (a ``[quotas]`` entry), whose bookings are not moved from
-    here, it takes the slot instead, when it has room for its tokens, the buckets charged
-    already for the booker's; the booker finds its booking gone when it asks, and books
-    anew.
+    On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
+    of a larger estimate taking it is admitted later by the difference, and every booking
+    after the slot moves as much later (they were placed after the booker's tokens; their
+    bookers find out when they ask). On a quota shared with other sources (a
+    ``[quotas]`` entry), whose bookings are not moved from here, such a slot is not taken.
 
     Looks at the `TAKE_SCAN` soonest bookings ahead of each candidate; of two classes, a
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
-    a `PLAIN` caller comes before a later call only. The caller's booking, or None (as
+    a `PLAIN` caller takes a later call's slot only. The booking, or None (as
     admit_booking.lua's `take_booked`)."""
-    rank = request.standing.rank
-    # another class's booking (or, on its own buckets, the one it goes in before), and one
-    # of a call of the caller's own class: (the caller's slot there, candidate, its
-    # state, the booker)
-    bests: list[tuple[float, SourceTerms, SourceState, str] | None] = [None, None]
+    rank, floors = request.standing.rank, request.standing.floors
+    plain = request.standing is PLAIN
+    # another class's soonest slot, and one of a call of the caller's own class: (its
+    # slot for the caller, candidate, its state, the booker, how much later it moves
+    # the bookings after it)
+    bests: list[tuple[float, SourceTerms, SourceState, str, float] | None] = [None, None]
     for terms, state in candidates:
         tag_ = _tag_at(state, request)
         dims = _dims(ledger, terms, state, request.est_tokens, now)
         tokens = [d for d in dims if d.tokens]
-        own = _own(terms) or not any(isinstance(d.holder, QuotaState) for d in dims)
-
+        # a quota shared with other sources: their bookings after the slot cannot move
+        movable = terms.quota is None or terms.quota.tpm is None or _own(terms)
         ahead = sorted(
             (booking[1], other)
             for other, booking in state.booked.items()
             if booking[1] > now + request.claim_s
-        )
-        if own:  # walking back: before the earliest of the last bookings it comes before
-            at = None
-            for _, other in reversed(ahead[-TAKE_SCAN:]):
-                if not _comes_before(request, state, tag_, state.booked[other]):
-                    break
-                if state.booked[other][0] > now:
-                    at = other
-            if at is not None:
-                slot = state.booked[at][0] + _later_than(tokens, state.booked[at], request)
-                if bests[0] is None or slot < bests[0][0]:
-                    bests[0] = (slot, terms, state, at)
-            continue
-        for _, other in ahead[:TAKE_SCAN]:  # the soonest it comes before, to take its slot
+        )[:TAKE_SCAN]
+        for _, other in ahead:
             booking = state.booked[other]
             slot, theirs = booking[0], int(booking[2])
             which = int(theirs == rank)
             best = bests[which]
-            if slot <= now or (best is not None and slot >= best[0]):
+            shift = max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
+            if slot <= now or (best is not None and slot + shift >= best[0]):
                 continue
-            if _later_than(tokens, booking, request) > 0:
-                continue  # the bucket has room there for the booker's tokens alone
-            if not _comes_before(request, state, tag_, booking):
-                continue  # one that comes before it
-            bests[which] = (slot, terms, state, other)
+            if shift > 0 and not movable:
+                continue  # the bucket has room at that slot for the booker's tokens alone
+            if theirs == rank:
+                booker_tag = None if booking[5] == NO_TAG else booking[5]
+                if not takes_later(
+                    request.arrival, rank, int(booking[4]), theirs, tag_, booker_tag
+                ):
+                    continue  # its own class: one that comes before it
+            elif plain or slot_goes_to(rank, theirs, state.slot_credits, floors) != rank:
+                continue  # higher, or owed a slot
+            bests[which] = (slot + shift, terms, state, other, shift)
     # Another class's first (the classes' order and floors come before the order within
     # one), if soon enough: no later than a new booking, and within `book_within_s`.
     soon = [
@@ -279,41 +274,35 @@ def take_booked(
     ]
     if not soon:
         return None
-    slot, terms, state, other = soon[0]
-    dims = _dims(ledger, terms, state, request.est_tokens, now)
-    if _own(terms) or not any(isinstance(d.holder, QuotaState) for d in dims):
-        # it goes in before that booking: it and every one after it move later
-        booked_at = state.booked[other][0]
-        by = max(charge_s(d.cost, d.limit) for d in dims)
+    slot, terms, state, other, shift = soon[0]
+    taken = state.booked.pop(other)
+    if shift > 0:  # the bookings after it move later, so the caller's tokens have room
         for booking in state.booked.values():
-            if booking[0] >= booked_at:
-                booking[0] += by
-                booking[1] += by
-        for dim in dims:
-            dim.charge(dim.tat + charge_s(dim.cost, dim.limit))
-    else:  # a shared quota: it takes the slot, charged already for the booker's tokens
-        del state.booked[other]
+            if booking[0] > taken[0]:
+                booking[0] += shift
+                booking[1] += shift
+    # The token buckets: charged for the caller's estimate instead of the booker's. Fewer
+    # tokens hand the difference back only as far as the bookings ahead allow (their
+    # tokens from each one's slot on, the taken slot's now the caller's): handed back
+    # further, a later booking would land on top of them. Not at all on a bucket shared
+    # with other sources, whose bookings are not here.
+    booked = [(max(b[0], now), b[3]) for b in state.booked.values() if b[1] > now]
+    booked.append((max(taken[0], now), float(request.est_tokens)))
+    booked.sort(reverse=True)
+    for dim in _dims(ledger, terms, state, request.est_tokens, now):
+        if not dim.tokens:
+            continue
+        tat = gcra_settle(dim.tat, int(taken[3]), request.est_tokens, dim.limit)
+        if tat < dim.tat:
+            if isinstance(dim.holder, QuotaState) and not _own(terms):
+                continue  # a shared bucket: it stays charged for the booker's tokens
+            after, least = 0.0, tat
+            for at, cost in booked:
+                after += gcra_settle(0.0, 0, int(cost), dim.limit)
+                least = max(least, at + ARRIVAL_MARGIN_S + after)
+            tat = min(dim.tat, least)
+        dim.charge(tat)
     return _booked(state, call_id, request, slot, now)
-
-
-def _comes_before(
-    request: AdmitRequest, state: SourceState, tag_: float | None, booking: list[float]
-) -> bool:
-    """Whether the caller (its tag at `state`, `tag_`) comes before `booking`: another
-    class's when its own is served first there; one of its class when that arrived later,
-    or, between calls of tenants, is tagged after it (`core.standing.takes_later`)."""
-    rank, theirs = request.standing.rank, int(booking[2])
-    if theirs != rank:
-        if request.standing is PLAIN:
-            return False
-        return slot_goes_to(rank, theirs, state.slot_credits, request.standing.floors) == rank
-    booker_tag = None if booking[5] == NO_TAG else booking[5]
-    return takes_later(request.arrival, rank, int(booking[4]), theirs, tag_, booker_tag)
-
-
-def _later_than(tokens: list[_Dim], booking: list[float], request: AdmitRequest) -> float:
-    """How much later than `booking`'s slot its token buckets have room for the caller's."""
-    return max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
 
 
 def _own(terms: SourceTerms) -> bool:

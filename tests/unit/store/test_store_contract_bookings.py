@@ -284,13 +284,29 @@ async def test_a_class_owed_a_slot_keeps_its_booked_slots(h: Harness) -> None:
     assert taken.booked_in_s == pytest.approx(1.0)  # b2's
 
 
+async def test_a_taken_slot_is_charged_for_the_takers_tokens(h: Harness) -> None:
+    """The booker's quota paid its own estimate; the caller taking the slot is charged its
+    own instead (settle corrects from it): on the source's own quota the bucket reopens
+    sooner by the difference, the bookings ahead allowing it."""
+    tpm = SourceTerms("tpm", 10, quota=QuotaTerms("source:tpm", tpm=6000))  # 100 a second
+    for cost in (1000, 10):  # the burst spent, to the last ten tokens
+        while isinstance(answer := await h.admit(tpm, est_tokens=cost), Grant):
+            await h.settle(answer, tpm)
+    await h.deny(tpm, waiter="b1", standing=BATCH, est_tokens=1000, **WITHIN)
+    before = await h.deny(tpm, est_tokens=1000)
+    taken = await h.deny(tpm, waiter="i1", standing=INTERACTIVE, est_tokens=10, **WITHIN)
+    assert taken.booked_in_s is not None
+    after = await h.deny(tpm, est_tokens=1000)
+    assert before.reopen_in_s is not None
+    assert after.reopen_in_s == pytest.approx(before.reopen_in_s - 9.9)  # (1000 - 10) / 100
+
+
 async def test_a_slot_taken_on_a_shared_quota_stays_charged_for_its_bookers_tokens(
     h: Harness,
 ) -> None:
-    """On a quota shared with other sources (their bookings are not at hand) a caller takes
-    a slot booked for more tokens than its own as it is: the bucket stays charged for the
-    booker's, so it reopens no sooner (handing the difference back let a later booking
-    land on top of the bookings after the slot)."""
+    """On a quota shared with other sources, whose bookings are not at hand, a caller
+    taking a slot booked for more tokens than its own hands nothing back: the bucket
+    reopens no sooner."""
     tpm = SourceTerms("tpm", 10, quota=QuotaTerms("tpm-key", tpm=6000))  # 100 a second
     for cost in (1000, 10):  # the burst spent, to the last ten tokens
         while isinstance(answer := await h.admit(tpm, est_tokens=cost), Grant):
@@ -301,35 +317,6 @@ async def test_a_slot_taken_on_a_shared_quota_stays_charged_for_its_bookers_toke
     assert taken.booked_in_s == pytest.approx(booked.booked_in_s)
     after = await h.deny(tpm, est_tokens=1000)
     assert after.reopen_in_s == pytest.approx(before.reopen_in_s)
-
-
-OWN = SourceTerms("own", 10, quota=QuotaTerms("source:own", rpm=60))  # its own: one a second
-
-
-async def test_on_its_own_quota_a_higher_class_goes_in_before_the_bookings(h: Harness) -> None:
-    """On the source's own quota every booking is at hand: an interactive caller goes in
-    at the soonest batch booking's slot, charged as a new booking, and the batch bookings
-    each move one slot later; each batch caller is told so when it asks at its old slot,
-    and none books anew."""
-    first = await drain(h, OWN)
-    assert first.reopen_in_s is not None
-    slot = {}
-    for waiter in ("b1", "b2", "b3"):
-        h.clock.advance(0.01)
-        booked = await h.deny(OWN, waiter=waiter, standing=BATCH, **WITHIN)
-        slot[waiter] = h.clock.now() + booked.booked_in_s
-    urgent = await h.deny(OWN, waiter="i1", standing=INTERACTIVE, **WITHIN)
-    assert h.clock.now() + urgent.booked_in_s == pytest.approx(slot["b1"])
-    after = await h.deny(OWN)
-    assert h.clock.now() + after.reopen_in_s == pytest.approx(slot["b3"] + 2.0)  # charged
-    h.clock.advance(slot["b1"] - h.clock.now())
-    assert isinstance(await h.admit(OWN, waiter="i1", standing=INTERACTIVE, **WITHIN), Grant)
-    for waiter in ("b1", "b2", "b3"):
-        h.clock.advance(slot[waiter] - h.clock.now())
-        told = await h.deny(OWN, waiter=waiter, standing=BATCH, **WITHIN)
-        assert told.booked_in_s == pytest.approx(1.0)  # its booking, one slot later
-        h.clock.advance(1.0)
-        assert isinstance(await h.admit(OWN, waiter=waiter, standing=BATCH, **WITHIN), Grant)
 
 
 async def test_a_class_owed_a_slot_takes_a_higher_classs_soonest(h: Harness) -> None:
@@ -420,28 +407,3 @@ async def test_a_lower_classs_booking_is_taken_before_a_later_call_of_ones_own(
     assert lower.booked_in_s == pytest.approx(mine.booked_in_s + 1.0)
     again = await h.deny(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
     assert again.booked_in_s == pytest.approx(lower.booked_in_s)
-
-
-async def test_on_its_own_quota_a_call_never_goes_in_before_an_earlier_one_of_its_class(
-    h: Harness,
-) -> None:
-    """A batch booking left ahead of an interactive one (batch was owed a slot when that
-    booked) is no door for a later interactive call: it goes in only before the bookings
-    at the end that it comes before, so it stays behind the earlier interactive call."""
-    interactive, batch = FLOORED  # batch's floor half the slots used
-    first = await drain(h, OWN)
-    assert first.reopen_in_s is not None
-    b0 = await h.deny(OWN, waiter="b0", standing=batch, **WITHIN)
-    await h.deny(OWN, waiter="b1", standing=batch, **WITHIN)
-    i0 = await h.deny(OWN, waiter="i0", standing=interactive, **WITHIN)
-    assert i0.booked_in_s == pytest.approx(b0.booked_in_s)  # before batch's bookings
-    h.clock.advance(i0.booked_in_s)
-    assert isinstance(await h.admit(OWN, waiter="i0", standing=interactive, **WITHIN), Grant)
-    # an interactive slot used: batch is owed one, and i1 books after its bookings
-    i1 = await h.deny(OWN, waiter="i1", standing=interactive, **WITHIN)
-    assert i1.booked_in_s == pytest.approx(3.0)
-    h.clock.advance(1.0)  # b0's slot (moved one later by i0)
-    assert isinstance(await h.admit(OWN, waiter="b0", standing=batch, **WITHIN), Grant)
-    # batch's slot used: it is owed none now; b1's booking is still ahead of i1's
-    i2 = await h.deny(OWN, waiter="i2", standing=interactive, **WITHIN)
-    assert i2.booked_in_s == pytest.approx(3.0)  # i1's is 2 s ahead: after it

@@ -63,35 +63,22 @@ async def book(h: Harness, waiter: str, tenant: str) -> float:
     return h.clock.now() + denial.booked_in_s
 
 
-async def serve(h: Harness, waiter: str, tenant: str, provider: Bucket | None = None) -> float:
-    """`waiter`, a call of `tenant`, asks until admitted, each time when it was told to:
-    the time of its admission (checked against the provider's bucket, if given)."""
-    standing, tokens = TENANTS[tenant]
-    while True:
-        answer = await h.admit(TPM, waiter=waiter, est_tokens=tokens, standing=standing, **WITHIN)
-        if isinstance(answer, Grant):
-            if provider is not None:
-                provider.takes(h.clock.now(), tokens)
-            return h.clock.now()
-        assert answer.booked_in_s is not None, answer
-        h.clock.advance(answer.booked_in_s)
-
-
-async def test_a_tenants_call_goes_in_before_the_calls_tagged_after_it(h: Harness) -> None:
-    """On the source's own quota, every booking is at hand: a call goes in at the slot of
-    the soonest booking tagged after it, and that booking and the ones after it move
-    later by its charge (its bookers are told when they ask)."""
-    provider = Bucket()
-    await spend_the_burst(h, provider)
+async def test_a_tenants_call_takes_the_slot_of_one_tagged_after_it(h: Harness) -> None:
+    await spend_the_burst(h)
     # c's calls (1,000 tokens, weight 5) tag 200, 400, 600; a's first (100, weight 1) 100
     slots = {waiter: await book(h, waiter, "c") for waiter in ("c1", "c2", "c3")}
     assert [h.tags[w] for w in ("c1", "c2", "c3")] == pytest.approx([200, 400, 600])
-    assert await book(h, "a1", "a") == pytest.approx(slots["c1"])  # the soonest tagged after
+    taken = await book(h, "a1", "a")
     assert h.tags["a1"] == pytest.approx(100)
-    assert await serve(h, "a1", "a", provider) == pytest.approx(slots["c1"])
-    for waiter in ("c1", "c2", "c3"):  # each 0.1 s later: a1's 100 tokens went in before
-        assert await serve(h, waiter, "c", provider) == pytest.approx(slots[waiter] + 0.1)
-    assert h.tags["c1"] == pytest.approx(200)  # (it kept its tag)
+    assert taken == pytest.approx(slots["c1"])  # the soonest of a higher tag
+    # c1 finds its slot gone at its time and takes c2's, tagged after it
+    h.clock.advance(slots["c1"] - h.clock.now())
+    standing, tokens = TENANTS["a"]
+    assert isinstance(
+        await h.admit(TPM, waiter="a1", est_tokens=tokens, standing=standing, **WITHIN), Grant
+    )
+    assert await book(h, "c1", "c") == pytest.approx(slots["c2"])
+    assert h.tags["c1"] == pytest.approx(200)  # it keeps its tag
 
 
 async def test_a_second_call_of_a_tenant_is_tagged_after_its_first(h: Harness) -> None:
@@ -158,28 +145,38 @@ def shares(served: list[tuple[float, str, int]], start: float) -> Counter[str]:
     return tokens
 
 
-async def test_a_larger_call_goes_in_where_the_bucket_has_room_for_it(h: Harness) -> None:
-    """The bucket has room at a slot for its booker's tokens: a call of 1,000 tokens going
-    in before one booked for 100 is admitted 0.9 s after that slot, and that booking and
-    the ones after it move later by its charge, 1 s: no admission goes over the
-    provider's quota."""
+async def test_a_larger_call_taking_a_slot_moves_the_bookings_after_it(h: Harness) -> None:
+    """The bucket has room at a slot for its booker's tokens: a call of 1,000 tokens
+    taking a slot booked for 100 is admitted 0.9 s after it, and every booking after it
+    moves 0.9 s later, so no admission goes over the provider's quota."""
     provider = Bucket()
     await spend_the_burst(h, provider)
     slots = {w: await book(h, w, t) for w, t in (("a1", "a"), ("a2", "a"), ("c1", "c"))}
     assert slots["c1"] == pytest.approx(slots["a2"] + 1.0)  # room for its 1,000 tokens
     h.tags["c2"] = 150.0  # (a call of c given a tag below a2's and c1's, 200)
-    assert await book(h, "c2", "c") == pytest.approx(slots["a2"] + 0.9)  # before c1's
-    assert await serve(h, "a1", "a", provider) == pytest.approx(slots["a1"])
-    assert await serve(h, "c2", "c", provider) == pytest.approx(slots["a2"] + 0.9)
-    assert await serve(h, "a2", "a", provider) == pytest.approx(slots["a2"] + 1.0)
-    assert await serve(h, "c1", "c", provider) == pytest.approx(slots["c1"] + 1.0)
+    c2 = await book(h, "c2", "c")
+    assert c2 == pytest.approx(slots["a2"] + 0.9)  # a2's slot, 0.9 s on: before c1's
+    # the bookings after a2's, c1's among them, moved 0.9 s later
+    for waiter, tenant in (("a1", "a"), ("c2", "c"), ("c1", "c")):
+        standing, tokens = TENANTS[tenant]
+        due = c2 + 1.0 if waiter == "c1" else slots["a1"] if waiter == "a1" else c2
+        if waiter == "c1":
+            h.clock.advance(slots["c1"] - h.clock.now())  # its old slot: told to wait on
+            early = await h.deny(TPM, waiter="c1", est_tokens=tokens, standing=standing, **WITHIN)
+            assert early.booked_in_s == pytest.approx(0.9)
+        h.clock.advance(due - h.clock.now())
+        answer = await h.admit(TPM, waiter=waiter, est_tokens=tokens, standing=standing, **WITHIN)
+        assert isinstance(answer, Grant), waiter
+        provider.takes(h.clock.now(), tokens)
 
 
-async def test_calls_going_in_before_big_bookings_never_overrun_the_quota(h: Harness) -> None:
-    """Bookings of half a minute's tokens each, small calls going in before them, then a
-    call of a whole minute's: every admission fits the provider's bucket (a taker used to
-    hand the difference back to the bucket, and a later booking landed on top of the
-    bookings after the slot)."""
+async def test_small_calls_taking_big_bookings_slots_never_overrun_the_quota(
+    h: Harness,
+) -> None:
+    """Bookings of half a minute's tokens each, small calls taking their slots, then a
+    call of a whole minute's: every admission fits the provider's bucket (the tokens a
+    taker hands back to the bucket are bounded by the bookings ahead; handed back in
+    full, the last booking landed on top of the bookings after the slots)."""
     provider = Bucket()
     tenants = {t: (Standing(rank=0, tenant=t, weight=1.0), 0) for t in "wxyz"}
     calls = [("x1", "x", 30_000), ("x2", "x", 30_000), ("y", "x", 30_000)]

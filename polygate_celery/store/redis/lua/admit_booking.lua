@@ -35,118 +35,82 @@ local function book(bookable, now, book_within, claim_s, booking_at)
   return best_slot - now
 end
 
--- A booking ahead that this caller comes before, at one of `bookable`'s candidates
--- ({candidate i, dims, its credits} each): a waiter's of a class this caller's is served
--- before, or of a call of this caller's class it comes before (core.standing.takes_later:
--- a later one, `arrival` the caller's, given: first come, first served within a class,
--- so a call asking again after a failed attempt keeps its place; between calls of
--- tenants, one of a higher tag, `tag_at(i)` the caller's at candidate i), whose slot is
--- no later than a new booking's and within `book_within` seconds (SPEC §8). Of two
--- classes, a slot goes to one owed a slot at that candidate (`floors`: the classes'
--- min_share, "" for none; quota_floors.lua's slot_goes_to), else the higher (the lower
--- rank). Another class's booking comes before a later call's of the caller's own (a
--- call owed a slot for its class's floor takes it from the class above, not its own).
---
--- On the source's own buckets (declared for it alone, or learned), every booking charged
--- to them is in its alive set: the caller goes in at that slot (later by the difference
--- if its tokens are more than the booker's: the bucket has room there for the booker's),
--- charged as for a new booking, and that booking and every one after it move later by
--- the caller's charge; their bookers are told when they ask (one ask more each). On a
--- quota shared with other sources, whose bookings cannot be moved from here, it takes
--- the slot instead, when it has room for its tokens, the buckets charged already for
--- the booker's; the booker finds its booking gone when it asks at its slot, and books
--- anew (taking, in turn, the slot of the next call it comes before).
---
--- The caller's booking is `booking_at(i)`. A booking is "@<call> <rank> <claim s> <est>
--- <arrival> <tag>" in the candidate's alive set, scored by its slot plus that claim;
--- waiters' claims score at most now plus theirs, so the bookings ahead are those scored
--- above now plus this caller's claim, and the `TAKE_SCAN` soonest of them are looked at
--- (as the memory store does). A `plain` caller (one class at most, ARGV[9] "") comes
--- before a later call only. Seconds until the caller's slot, or nil.
+-- A slot ahead that a waiter of a class this caller's is served before booked at one of
+-- `bookable`'s candidates ({candidate i, dims, its credits} each), or a call of this
+-- caller's class it comes before (core.standing.takes_later: a later one, `arrival` the
+-- caller's, given: first come, first served within a class, so a call asking again
+-- after a failed attempt keeps its place; between calls of tenants, one of a higher
+-- tag, `tag_at(i)` the caller's at candidate i), sooner than a new booking would be
+-- and within `book_within` seconds: taken for this caller (SPEC §8). Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
+-- classes' min_share, "" for none; quota_floors.lua's slot_goes_to), else the higher
+-- (the lower rank). The booking moves to `booked`, its quota paid already (the token
+-- buckets charged for this caller's estimate `est` instead of the booker's: settle
+-- corrects from it); the waiter it was taken from finds it gone when it asks at its
+-- slot, and books anew (taking, in turn, the slot of the next later call of its class).
+-- A slot of another class is taken before a later call's of the caller's own (a call
+-- owed a slot for its class's floor takes it from the class above, not from its own).
+-- On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
+-- of a larger estimate taking it is admitted later by the difference, and every booking
+-- after the slot moves as much later (they were placed after the booker's tokens; its
+-- booker finds out when it asks). On a quota shared with other sources, whose bookings
+-- cannot be moved from here, such a slot is not taken.
+-- The caller's booking is `booking_at(i)`.
+-- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's alive set,
+-- scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
+-- the bookings ahead are those scored above now plus this caller's claim, and the
+-- `TAKE_SCAN` soonest of them are looked at (as the memory store does). A `plain`
+-- caller (one class at most, ARGV[9] "") takes a later call's slot only. Seconds until
+-- the slot, or nil.
 local TAKE_SCAN = 32
 local function take_booked(bookable, now, book_within, rank, floors, claim_s, booking_at,
                            est, arrival, plain, tag_at)
   local fl = floors_of(floors)
   local bests = {{}, {}}  -- another class's soonest slot, and a later call's of its own
   for _, b in ipairs(bookable) do
+    local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
+      '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
     local credits = credits_of(b[3], fl)
     local mine = tonumber((tag_at(b[1])))  -- (nil: no tenant)
-    -- its token buckets, and whether its buckets are the source's own (declared for it
-    -- alone, or learned): then every booking charged to them is in this alive set
-    local tokens, own = {}, true
-    local own_key = ':quota:source:' .. ARGV[T + 6 * b[1] - 5]
+    -- its token buckets, and whether the bookings after a slot may move later: not on a
+    -- quota shared with other sources (their bookings are not in this alive set)
+    local tokens, movable = {}, true
+    local own = ':quota:source:' .. ARGV[T + 6 * b[1] - 5]
     for _, d in ipairs(b[2]) do
       if d[5] == 'tok' or d[5] == 'ltok' then tokens[#tokens + 1] = d end
-      if (d[5] == 'tok' or d[5] == 'req') and string.sub(d[4], -#own_key) ~= own_key then
-        own = false
-      end
+      if d[5] == 'tok' and string.sub(d[4], -#own) ~= own then movable = false end
     end
-    b.own = own
+    b.own = movable
     local first = {}  -- another class -> whether this caller's is served before it here
-    -- whether this caller comes before a booking of class `r`: another class's when its
-    -- own is served first there; one of its class when that arrived later, or, between
-    -- calls of tenants, is tagged after it (core.standing.takes_later)
-    local function comes_before(r, booker_arrival, booker_tag)
-      if r ~= rank then
-        if first[r] == nil then  -- (a plain caller comes before no other class)
-          first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
-        end
-        return first[r]
+    for k = 1, #ahead, 2 do
+      local r, claim, booker_est, booker_arrival, booker_tag =
+        string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
+      r = tonumber(r)
+      if r and r ~= rank and first[r] == nil then  -- (a plain caller takes no other's)
+        first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
       end
-      local theirs = tonumber(booker_tag)
-      if mine ~= nil or theirs ~= nil then
-        return mine ~= nil and theirs ~= nil and theirs > mine
-      end
-      return arrival ~= nil and tonumber(booker_arrival) > arrival
-    end
-    -- how much later than a slot booked for `booked` tokens the bucket has room for its
-    local function later_than(booked)
-      local later = 0
+      -- how much later than the slot the bucket has room for this caller's tokens
+      local shift = 0
       for _, d in ipairs(tokens) do
-        later = math.max(later, charge_s(est, d[3]) - charge_s(tonumber(booked), d[3]))
+        shift = math.max(shift, charge_s(est, d[3]) - charge_s(tonumber(booker_est), d[3]))
       end
-      return later
-    end
-    if own then
-      -- Walking back from the last booking ahead: it goes in before the earliest of the
-      -- bookings at the end that it comes before, never before one that comes before it.
-      local back = redis.call('ZREVRANGEBYSCORE', KEYS[6 * b[1]], '+inf',
-        '(' .. fmt(now + claim_s), 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
-      local at = nil
-      for k = 1, #back, 2 do
-        local r, claim, booker_est, booker_arrival, booker_tag =
-          string.match(back[k], '^@%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
-        if r then  -- (a waiter's claim is no booking)
-          if not comes_before(tonumber(r), booker_arrival, booker_tag) then break end
-          local slot = tonumber(back[k + 1]) - tonumber(claim)
-          if slot > now then at = {back[k], slot, booker_est} end
+      local which = nil
+      if r and shift > 0 and not movable then
+        which = nil  -- the bucket has room at that slot for the booker's tokens alone
+      elseif r and r ~= rank and first[r] then
+        which = bests[1]
+      elseif r == rank then  -- core.standing.takes_later
+        local theirs = tonumber(booker_tag)
+        if mine ~= nil or theirs ~= nil then
+          if mine ~= nil and theirs ~= nil and theirs > mine then which = bests[2] end
+        elseif arrival ~= nil and tonumber(booker_arrival) > arrival then
+          which = bests[2]
         end
       end
-      if at then
-        local slot = at[2] + later_than(at[3])
-        if bests[1].slot == nil or slot < bests[1].slot then
-          bests[1] = {b = b, member = at[1], slot = slot, booked = at[2]}
-        end
-      end
-    else  -- the soonest booking it comes before, to take its slot
-      local ahead = redis.call('ZRANGEBYSCORE', KEYS[6 * b[1]], '(' .. fmt(now + claim_s),
-        '+inf', 'WITHSCORES', 'LIMIT', 0, TAKE_SCAN)
-      for k = 1, #ahead, 2 do
-        local r, claim, booker_est, booker_arrival, booker_tag =
-          string.match(ahead[k], '^@%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
-        r = tonumber(r)
-        local later = r and later_than(booker_est) or 0
-        local which = nil
-        if r and later > 0 then
-          which = nil  -- the bucket has room at that slot for the booker's tokens alone
-        elseif r and comes_before(r, booker_arrival, booker_tag) then
-          which = r ~= rank and bests[1] or bests[2]
-        end
-        if which then
-          local slot = tonumber(ahead[k + 1]) - tonumber(claim)
-          if slot > now and (which.slot == nil or slot < which.slot) then
-            which.b, which.member, which.slot, which.booked = b, ahead[k], slot, slot
-          end
+      if which then
+        local slot = tonumber(ahead[k + 1]) - tonumber(claim)
+        if slot > now and (which.slot == nil or slot + shift < which.slot) then
+          which.b, which.member, which.slot = b, ahead[k], slot + shift
+          which.est, which.shift = tonumber(booker_est), shift
         end
       end
     end
@@ -161,30 +125,54 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
     end
   end
   if pick == nil then return nil end
-  local best = pick.b
+  local best, best_member, best_slot, best_est = pick.b, pick.member, pick.slot, pick.est
   local alive = KEYS[6 * best[1]]
-  if best.own then
-    -- It goes in before that booking: the booking and every one after it move later by
-    -- this caller's charge (the most any of its buckets moves by), and the buckets are
-    -- charged for it as for a new booking. Their bookers are told when they ask.
-    local by = 0
-    for _, d in ipairs(best[2]) do by = math.max(by, charge_s(d[2], d[3])) end
-    local after = redis.call('ZRANGEBYSCORE', alive, fmt(pick.booked), '+inf', 'WITHSCORES')
+  if pick.shift > 0 then  -- the bookings after it move later, so this caller's tokens fit
+    local taken = best_slot - pick.shift
+    local after = redis.call('ZRANGEBYSCORE', alive, '(' .. fmt(taken), '+inf', 'WITHSCORES')
     for k = 1, #after, 2 do
       local claim = string.match(after[k], '^@%S+ %d+ (%S+) ')
-      if claim and tonumber(after[k + 1]) - tonumber(claim) >= pick.booked then
-        redis.call('ZADD', alive, tonumber(after[k + 1]) + by, after[k])
+      if claim and tonumber(after[k + 1]) - tonumber(claim) > taken then
+        redis.call('ZADD', alive, tonumber(after[k + 1]) + pick.shift, after[k])
       end
     end
-    for _, d in ipairs(best[2]) do
-      redis.call('HSET', d[4], d[5], fmt(d[1] + charge_s(d[2], d[3])))
-    end
-  else
-    -- A quota shared with other sources, whose bookings cannot be moved from here: it
-    -- takes the slot, charged already for its booker's tokens (as many as its, or more);
-    -- the booker finds its booking gone when it asks, and books anew.
-    redis.call('ZREM', alive, pick.member)
   end
-  redis.call('ZADD', alive, pick.slot + claim_s, booking_at(best[1]))
-  return pick.slot - now
+  -- The token buckets: charged for this caller's estimate instead of the booker's. Fewer
+  -- tokens hand the difference back only as far as the bookings ahead allow (their
+  -- tokens from each one's slot on, the taken slot's now this caller's): handed back
+  -- further, a later booking would land on top of them. Not at all on a bucket shared
+  -- with other sources, whose bookings are not in this alive set.
+  local bookings = nil
+  for _, d in ipairs(best[2]) do
+    if d[5] == 'tok' or d[5] == 'ltok' then
+      local tat = d[1] + charge_s(est, d[3]) - charge_s(best_est, d[3])
+      if tat < d[1] and d[5] == 'tok' and not best.own then
+        tat = d[1]
+      elseif tat < d[1] then
+        if bookings == nil then
+          bookings = {}
+          local all = redis.call('ZRANGEBYSCORE', alive, '(' .. fmt(now), '+inf', 'WITHSCORES')
+          for k = 1, #all, 2 do
+            local claim, e = string.match(all[k], '^@%S+ %d+ (%S+) (%d+) ')
+            if claim then
+              if all[k] == best_member then e = est end
+              bookings[#bookings + 1] = {math.max(tonumber(all[k + 1]) - tonumber(claim), now),
+                tonumber(e)}
+            end
+          end
+          table.sort(bookings, function(x, y) return x[1] > y[1] end)
+        end
+        local after, least = 0, tat
+        for _, booking in ipairs(bookings) do
+          after = after + charge_s(booking[2], d[3])
+          least = math.max(least, booking[1] + MARGIN_S + after)
+        end
+        tat = math.min(d[1], least)
+      end
+      redis.call('HSET', d[4], d[5], fmt(tat))
+    end
+  end
+  redis.call('ZREM', alive, best_member)
+  redis.call('ZADD', alive, best_slot + claim_s, booking_at(best[1]))
+  return best_slot - now
 end
