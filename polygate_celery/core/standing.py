@@ -13,12 +13,11 @@ again from 0 when its queue empties, so they stay small.
 A class's floor (`min_share`) is the share of grants it keeps while it has
 waiters: at each hand-over, a class with waiters whose share of the recent grants
 (counters decayed by `DECAY` per grant) is below its floor is served before the
-higher classes. On a quota, whose slots are booked ahead, a call goes in before the
-bookings of the calls it comes before: a class's floor is kept by credit
-(`used_credits`): a class owed a slot keeps its booked slots and goes in before a
-higher class's soonest one (`slot_goes_to`); within a class, a call keeps its place
-(`arrival_at`): it goes in before the calls of its class that arrived later
-(`takes_later`); calls of tenants are placed there by a
+higher classes. On a quota, whose slots are booked ahead and can change hands, a
+class's floor is kept by credit (`used_credits`): a class owed a slot keeps its
+booked slots and takes a higher class's soonest one (`slot_goes_to`); within a
+class, a call keeps its place (`arrival_at`): it takes the soonest slot a later call
+of its class booked (`takes_later`); calls of tenants are placed there by a
 fair-queuing tag of their own on the quota (`quota_tag`), so tenants share a quota's
 slots by weight, in tokens, as they share permits. The stores
 keep the state (the tags, the counters, the credits); these functions decide, and
@@ -170,7 +169,7 @@ def takes_later(
     """Whether a call that arrived at `arrival`, of class `rank`, takes a slot booked ahead
     by another of its class that arrived at `booker_arrival`: a call that has arrived
     (not None) comes before every later one, so a call asking again after a failed
-    attempt, or whose booking was taken, is not sent to the back of its class.
+    attempt, or robbed of its booking, is not sent to the back of its class.
 
     Calls of a tenant are placed by their fair-queuing `tag` on the quota instead
     (`quota_tag`): one comes before another of its class whose tag is higher, so

@@ -73,16 +73,16 @@ class AdmitRequest:
     `arrival` is the call's place among the waiters of its class, first come first
     served: the store's time of the call's first grant (`Grant.admitted_at`, in
     microseconds) or booking (`Denial.arrival`), None before either. A call that asks again
-    after a failed attempt keeps it: it goes in before the bookings of the calls of its
-    class that arrived later (`core.standing.takes_later`; how a call goes in before a
-    booking: admit_booking.lua's `take_booked`).
+    after a failed attempt, or whose booked slot a higher class took, keeps it: it
+    takes the soonest slot a later call of its class booked (`core.standing.takes_later`;
+    admit_booking.lua's `take_booked`).
     A caller gives the arrival its booking's denial told it: the Redis store finds the
     booking by it (a caller that lost that reply books a second slot).
 
     `tag` is, for a call of a tenant, its place among the waiters of its class on a
     quota's slots instead: its fair-queuing tag there (`core.standing.quota_tag`), given
-    by its first booking (`Denial.tag`), None before. It goes in before the bookings of the
-    calls of its class with a higher tag, so tenants share the slots by weight, in tokens.
+    by its first booking (`Denial.tag`), None before. It takes the soonest slot a call of
+    its class with a higher tag booked, so tenants share the slots by weight, in tokens.
     A caller gives it back with each later ask, as it gives the arrival.
 
     `standing` is where the caller stands among the waiters of a source (SPEC §8): its

@@ -43,17 +43,20 @@ end
 -- tag, `tag_at(i)` the caller's at candidate i), sooner than a new booking would be
 -- and within `book_within` seconds: taken for this caller (SPEC §8). Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
 -- classes' min_share, "" for none; quota_floors.lua's slot_goes_to), else the higher
--- (the lower rank). The booking moves to `booked`, its quota paid already (the token
--- buckets charged for this caller's estimate `est` instead of the booker's: settle
--- corrects from it); the waiter it was taken from finds it gone when it asks at its
--- slot, and books anew (taking, in turn, the slot of the next later call of its class).
+-- (the lower rank). The booking moves to this caller (`booking_at(i)`), its quota paid
+-- already (the token buckets charged for this caller's estimate `est` instead of the
+-- booker's: settle corrects from it); the waiter it was taken from finds it gone when it
+-- asks at its slot, and books anew (taking, in turn, the slot of the next call of its
+-- class it comes before).
 -- A slot of another class is taken before a later call's of the caller's own (a call
 -- owed a slot for its class's floor takes it from the class above, not from its own).
 -- On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
 -- of a larger estimate taking it is admitted later by the difference, and every booking
 -- after the slot moves as much later (they were placed after the booker's tokens; its
 -- booker finds out when it asks). On a quota shared with other sources, whose bookings
--- cannot be moved from here, such a slot is not taken.
+-- cannot be moved from here, such a slot is not taken. A smaller caller's tokens hand
+-- the difference back only as far as the bookings ahead allow (below), and on a shared
+-- quota not at all.
 -- The caller's booking is `booking_at(i)`.
 -- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's alive set,
 -- scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
