@@ -41,9 +41,9 @@ end
 -- caller's, given: first come, first served within a class, so a call asking again
 -- after a failed attempt keeps its place; between calls of tenants, one of a higher
 -- tag, `tag_at(i)` the caller's at candidate i), sooner than a new booking would be
--- and within `book_within` seconds: taken for this caller (SPEC §8). Of two classes, a slot goes to one owed a slot at that candidate (`floors`: the
--- classes' min_share, "" for none; quota_floors.lua's slot_goes_to), else the higher
--- (the lower rank). The booking moves to this caller (`booking_at(i)`), its quota paid
+-- and within `book_within` seconds: taken for this caller (SPEC §8). Of two classes, a
+-- slot goes to one owed a slot at that candidate (`floors`: the classes' min_share, ""
+-- for none; quota_floors.lua's slot_goes_to), else the higher (the lower rank). The booking moves to this caller (`booking_at(i)`), its quota paid
 -- already (the token buckets charged for this caller's estimate `est` instead of the
 -- booker's: settle corrects from it); the waiter it was taken from finds it gone when it
 -- asks at its slot, and books anew (taking, in turn, the slot of the next call of its
@@ -57,9 +57,8 @@ end
 -- cannot be moved from here, such a slot is not taken. A smaller caller's tokens hand
 -- the difference back only as far as the bookings ahead allow (below), and on a shared
 -- quota not at all.
--- The caller's booking is `booking_at(i)`.
--- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's alive set,
--- scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
+-- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's
+-- alive set, scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
 -- the bookings ahead are those scored above now plus this caller's claim, and the
 -- `TAKE_SCAN` soonest of them are looked at (as the memory store does). A `plain`
 -- caller (one class at most, ARGV[9] "") takes a later call's slot only. Seconds until
