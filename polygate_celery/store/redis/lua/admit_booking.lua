@@ -43,11 +43,12 @@ end
 -- tag, `tag_at(i)` the caller's at candidate i), sooner than a new booking would be
 -- and within `book_within` seconds: taken for this caller (SPEC §8). Of two classes, a
 -- slot goes to one owed a slot at that candidate (`floors`: the classes' min_share, ""
--- for none; quota_floors.lua's slot_goes_to), else the higher (the lower rank). The booking moves to this caller (`booking_at(i)`), its quota paid
--- already (the token buckets charged for this caller's estimate `est` instead of the
--- booker's: settle corrects from it); the waiter it was taken from finds it gone when it
--- asks at its slot, and books anew (taking, in turn, the slot of the next call of its
--- class it comes before).
+-- for none; quota_floors.lua's slot_goes_to), else the higher (the lower rank). The
+-- booking moves to this caller (`booking_at(i)`), its quota paid already (the token
+-- buckets charged for this caller's estimate `est` instead of the booker's: settle
+-- corrects from it); the waiter it was taken from finds it gone when it asks at its
+-- slot, and books anew (taking, in turn, the slot of the next call of its class it
+-- comes before).
 -- A slot of another class is taken before a later call's of the caller's own (a call
 -- owed a slot for its class's floor takes it from the class above, not from its own).
 -- On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
