@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._fleet import (  # noqa: E402
+    count_admissions,
     fleet_args,
     ready_then_wait,
     report_on_a_private_redis,
@@ -76,18 +77,7 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from polygate_celery.store.redis import RedisStore  # noqa: PLC0415
 
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"], socket_timeout_s=30)
-    counts = {"admits": 0, "granted": 0}
-    admit = store.admit
-
-    async def counted(request: Any) -> Any:
-        from polygate_celery.store import Grant  # noqa: PLC0415
-
-        answer = await admit(request)
-        counts["admits"] += 1
-        counts["granted"] += isinstance(answer, Grant)
-        return answer
-
-    store.admit = counted  # type: ignore[method-assign]
+    counts = count_admissions(store)
     gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
     await ready_then_wait(spec)
     began = time.time()
