@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from polygate_celery.core.quota import (
     ARRIVAL_MARGIN_S,
     BOOKING_SLACK_S,
+    charge_s,
     gcra_book,
     gcra_charge,
     gcra_reserve,
@@ -298,7 +299,7 @@ def take_booked(
                 continue  # a shared bucket: it stays charged for the booker's tokens
             after, least = 0.0, tat
             for at, cost in booked:
-                after += gcra_settle(0.0, 0, int(cost), dim.limit)
+                after += charge_s(cost, dim.limit)
                 least = max(least, at + ARRIVAL_MARGIN_S + after)
             tat = min(dim.tat, least)
         dim.charge(tat)
