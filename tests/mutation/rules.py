@@ -219,8 +219,8 @@ MUTATIONS = (
         "quota-class-takes",
         "a caller waiting for a quota takes the soonest slot a lower class booked (Redis)",
         "polygate_celery/store/redis/lua/admit_booking.lua",
-        "      if r and r ~= rank and first[r] then\n",
-        "      if false then\n",
+        "      elseif r and r ~= rank and first[r] then\n",
+        "      elseif false then\n",
         ("tests/unit/store/test_store_contract_bookings.py",),
     ),
     Mutation(
