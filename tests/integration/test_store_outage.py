@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,12 +119,19 @@ async def run_load(
         marks = await disturb()
         await asyncio.sleep(4.0)  # time to recover
     finally:
-        load.running = False
-        await asyncio.gather(*tasks)
-        await store.aclose()
-        for client in source.clients.values():
-            client.close()
+        await stop(load, tasks, store, source)
     return load, marks
+
+
+async def stop(
+    load: Load, tasks: Sequence[asyncio.Future[None]], store: RedisStore, source: WitnessSource
+) -> None:
+    """The callers finish their calls in flight; the store and the witness's clients close."""
+    load.running = False
+    await asyncio.gather(*tasks)
+    await store.aclose()
+    for client in source.clients.values():
+        client.close()
 
 
 def assert_fails_closed_and_recovers(load: Load, witness: Witness, down: float, up: float) -> None:
@@ -233,11 +240,7 @@ async def run_quota_load(
         marks = await disturb()
         await asyncio.sleep(8.0)  # time to recover: 16 slots
     finally:
-        load.running = False
-        await asyncio.gather(*tasks)
-        await store.aclose()
-        for client in source.clients.values():
-            client.close()
+        await stop(load, tasks, store, source)
     return load, marks
 
 
