@@ -2,10 +2,11 @@
 
 ``[priorities.<name>]`` tables name the classes, highest first: the order they
 are declared in is their rank. ``[tenants.<name>]`` give tenants their weights,
-and ``[tenant_defaults]`` the weight of every other tenant (as ``source_defaults``
-does for sources): tenants are often customer ids, too many to declare, so a
-call may name any tenant. `standing_of` turns a call's class and tenant into the
-`Standing` it carries to the store; the stores order their waiters by it.
+and ``[tenant_defaults]`` the weight and caps of every other tenant (and the settings a
+declared one leaves unset, as ``source_defaults`` does for sources): tenants are
+often customer ids, too many to declare, so a call may name any tenant.
+`standing_of` turns a call's class and tenant into the `Standing` it carries to the
+store; the stores order their waiters by it, and hold its tenant to its caps.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from polygate_celery.config.fields import _Strict
-from polygate_celery.core.standing import MAX_CLASSES, PLAIN, Standing
+from polygate_celery.config.fields import MAX_CONCURRENCY, MAX_RPM, MAX_TPM, _Strict
+from polygate_celery.core.standing import MAX_CLASSES, PLAIN, Standing, TenantCaps
 from polygate_celery.errors import ConfigError
 
 TENANT_PATTERN = r"^[A-Za-z0-9_.:@-]{1,64}$"
@@ -54,10 +55,12 @@ class PriorityConfig(_Strict):
 
 
 class TenantConfig(_Strict):
-    """A tenant's share. Within a class, calls waiting for a source's permits or a quota's
-    slots are served by weighted fair queuing on their estimated tokens: tenants that keep
-    calls waiting get tokens in the ratio of their weights, and an idle tenant's share goes
-    to the others."""
+    """A tenant's share, and its caps. Within a class, calls waiting for a source's permits
+    or a quota's slots are served by weighted fair queuing on their estimated tokens:
+    tenants that keep calls waiting get tokens in the ratio of their weights, and an idle
+    tenant's share goes to the others. The caps hold at each source the tenant's calls go
+    to, fleet-wide, as the source's own do: a call over one waits (within its stall
+    window) and is not sent."""
 
     weight: float = Field(
         1.0,
@@ -66,6 +69,24 @@ class TenantConfig(_Strict):
         allow_inf_nan=False,
         description="the tenant's weight against the others waiting in its class",
     )
+    max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONCURRENCY,
+        description="the tenant's calls in flight at each source, fleet-wide (unset: no cap)",
+    )
+    rpm: int | None = Field(
+        None, ge=1, le=MAX_RPM, description="the tenant's requests per minute at each source"
+    )
+    tpm: int | None = Field(
+        None, ge=1, le=MAX_TPM, description="the tenant's tokens per minute at each source"
+    )
+
+    @property
+    def caps(self) -> TenantCaps | None:
+        """The tenant's caps, None if it has none."""
+        caps = TenantCaps(self.max_concurrency, self.rpm, self.tpm)
+        return caps if caps else None
 
 
 def priority_problems(priorities: Mapping[str, PriorityConfig]) -> list[tuple[str, str]]:
@@ -105,11 +126,12 @@ def standing_of(
 ) -> Standing:
     """Where a call of class `priority` (None: the default class) for `tenant` (None: no
     tenant) stands: see `GatewayConfig.standing`."""
+    caps = None
     if tenant is None:
         name, weight = "", tenant_defaults.weight
     elif isinstance(tenant, str) and _TENANT.fullmatch(tenant):
-        declared = tenants.get(tenant)
-        name, weight = tenant, (declared or tenant_defaults).weight
+        entry = tenants.get(tenant) or tenant_defaults
+        name, weight, caps = tenant, entry.weight, entry.caps
     else:
         raise ConfigError("tenant", "a tenant is 1 to 64 letters, digits or _ . : @ -")
     if not priorities:
@@ -137,4 +159,4 @@ def standing_of(
     # top class of two or more is not plain: it may take a lower class's booked slot).
     if len(priorities) <= 1 and not name and not floors and weight == PLAIN.weight:
         return PLAIN
-    return Standing(rank=rank, tenant=name, weight=weight, floors=floors)
+    return Standing(rank=rank, tenant=name, weight=weight, floors=floors, caps=caps)

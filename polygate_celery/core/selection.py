@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
-# Why the store passed a source over when it admitted no call there.
-BlockReason = Literal["paused", "breaker_open", "probe_in_flight", "at_capacity", "quota"]
+# Why the store passed a source over when it admitted no call there ("tenant_cap": the
+# call's tenant is at one of its own caps there, SPEC §8).
+BlockReason = Literal[
+    "paused", "breaker_open", "probe_in_flight", "at_capacity", "quota", "tenant_cap"
+]
 
 
 def preference_order(

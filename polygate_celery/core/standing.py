@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
+
+from polygate_celery.core.quota import gcra_reserve
 
 _N = TypeVar("_N", int, float)
 
@@ -45,15 +47,31 @@ MAX_CLASSES = 8
 
 
 @dataclass(frozen=True, slots=True)
+class TenantCaps:
+    """A tenant's caps at each source its calls go to, fleet-wide (SPEC §8): calls in flight
+    (`max_concurrency`), requests and tokens per minute (`rpm`, `tpm`, buckets counted as a
+    source's own quota is: `core.quota.gcra_reserve`); None: no such cap."""
+
+    max_concurrency: int | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.max_concurrency or self.rpm or self.tpm)
+
+
+@dataclass(frozen=True, slots=True)
 class Standing:
     """A call's place among the waiters of a source: its class's `rank` (0 highest), its
     `tenant` ("" for none) and the tenant's `weight`, and every class's floor
-    (`floors[rank]`, the `min_share` of grants it keeps while it waits; () for none)."""
+    (`floors[rank]`, the `min_share` of grants it keeps while it waits; () for none);
+    its tenant's `caps`, if any (a call of no tenant has none)."""
 
     rank: int = 0
     tenant: str = ""
     weight: float = 1.0
     floors: tuple[float, ...] = ()
+    caps: TenantCaps | None = None
 
     @property
     def plain(self) -> bool:
@@ -193,6 +211,43 @@ def tag_text(tag_: float) -> str:
     """A tag as the Redis store writes it in a booking (``%.17g``, as its scripts do): it
     reads back to the same float, and a caller that gives it back names its booking."""
     return format(tag_, ".17g")
+
+
+class CapsSay(NamedTuple):
+    """What a tenant's caps at a source say of one more call of its there: whether they
+    refuse it, and when they admit it (None: not known, a call in flight must end
+    first); the tenant's bucket times once the call is charged (as they were if refused)."""
+
+    refused: bool
+    reopen_in_s: float | None
+    request_tat: float
+    token_tat: float
+
+
+def caps_say(
+    caps: TenantCaps,
+    in_flight: int,
+    request_tat: float,
+    token_tat: float,
+    est_tokens: int,
+    now: float,
+) -> CapsSay:
+    """A tenant's caps at a source, holding `in_flight` calls there (permits still held)
+    with buckets at `request_tat` and `token_tat`, asked for a call of `est_tokens`."""
+    waits: list[float] = []
+    full = caps.max_concurrency is not None and in_flight >= caps.max_concurrency
+    req, tok = request_tat, token_tat
+    if caps.rpm:
+        req, wait = gcra_reserve(request_tat, now, 1, caps.rpm)
+        if wait is not None:
+            waits.append(wait)
+    if caps.tpm and est_tokens > 0:
+        tok, wait = gcra_reserve(token_tat, now, est_tokens, caps.tpm)
+        if wait is not None:
+            waits.append(wait)
+    if not full and not waits:
+        return CapsSay(False, None, req, tok)
+    return CapsSay(True, None if full else max(waits), request_tat, token_tat)
 
 
 def next_class(waiting: Sequence[int], counts: Mapping[int, float], floors: Sequence[float]) -> int:

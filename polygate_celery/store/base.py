@@ -30,6 +30,10 @@ from polygate_celery.core.terms import QuotaTerms, SourceTerms
 # How long a scope's last success counts (`Store.progress_age_s`: older is none).
 PROGRESS_TTL_S = 3600.0
 
+# How long a tenant's record of its permits at a source is kept after its last grant
+# there: longer than any attempt runs (a source's `timeout_s` is at most a day).
+TENANT_KEPT_S = 2 * 86400.0
+
 # How long a gate that opened by time stays on record as its scope's stall: a later
 # close within it is the same outage, and a success ends it (`Store.close_gate`).
 GATE_KEPT_S = 60.0

@@ -11,8 +11,9 @@ from redis.crc import key_slot
 
 from polygate_celery import GovernanceBackendError
 from polygate_celery.core.breaker import Effect
+from polygate_celery.core.standing import Standing, TenantCaps
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
-from polygate_celery.store import AdmitRequest, Grant, Settlement
+from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.store.redis import KeySpace, RedisStore
 from tests.redis_server import RedisServer, free_port
 
@@ -32,6 +33,8 @@ def test_every_key_of_a_prefix_sits_in_one_cluster_slot() -> None:
         keys.permits("other"),
         keys.queue("a"),
         keys.alive("a"),
+        keys.tenant_permits("a", "customer:42"),
+        keys.tenant_rate("a", "customer:42"),
         keys.wake + "origin",
     ]
     assert len({key_slot(name.encode()) for name in names}) == 1
@@ -97,6 +100,28 @@ async def test_an_expired_lease_is_not_revived_by_a_renewal(
     assert await store.renew([(TERMS, "p", 1.0)]) == [False]
     assert await store.client.zscore(store.keys.permits("a"), "p") is None
     assert grant is not None
+    await store.aclose()
+
+
+async def test_a_capped_tenants_place_lapses_with_its_holders_lease(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """A holder that died (never settled, never renewed) frees its tenant's place when its
+    lease ends; the tenant's record of its permits expires on its own."""
+    from polygate_celery.testing import VirtualClock  # noqa: PLC0415
+
+    clock = VirtualClock()
+    store = RedisStore.from_url(redis_url, prefix=fleet_prefix, lease_s=1.0, clock=clock)
+    capped = Standing(tenant="t", caps=TenantCaps(max_concurrency=1))
+    assert isinstance(await store.admit(AdmitRequest("s", (TERMS,), "p1", standing=capped)), Grant)
+    refused = await store.admit(AdmitRequest("s", (TERMS,), "p2", standing=capped))
+    assert isinstance(refused, Denial)
+    assert refused.blocked == (("a", "tenant_cap"),)
+    clock.advance(1.1)
+    assert isinstance(await store.admit(AdmitRequest("s", (TERMS,), "p3", standing=capped)), Grant)
+    permits = store.keys.tenant_permits("a", "t")
+    assert await store.client.zrange(permits, 0, -1) == ["p3"]
+    assert 0 < await store.client.ttl(permits) <= 2 * 86400
     await store.aclose()
 
 

@@ -147,6 +147,9 @@ def admitted(state: CallState, event: Event, now: float) -> Step:
     )
     if state.rules.fail_fast:
         return give_up(state, now, "fail_fast")
+    if _capped_alone(event) and state.stalled_s(now) > state.rules.stall_window_s:
+        # Its tenant's own caps hold it back, whatever the scope's progress: stalled.
+        return give_up(state, now, "stalled")
     step = check_stall(state, now, "denied_stall")
     return step if step is not None else _wait_after_refusal(state, now)
 
@@ -169,6 +172,12 @@ def _wait_after_refusal(state: CallState, now: float) -> Step:
     else:
         wait = Wait("no_runnable", rules.poll_interval_s, True, cap_s)
     return Step(replace(state, phase="poll"), wait)
+
+
+def _capped_alone(refusal: Refused) -> bool:
+    """Whether every candidate refused the call for its tenant's own caps (SPEC §8): the
+    scope may progress while it waits, but not for it."""
+    return bool(refusal.blocked) and all(reason == "tenant_cap" for _, reason in refusal.blocked)
 
 
 def _queued_everywhere(state: CallState, refusal: Refused) -> bool:

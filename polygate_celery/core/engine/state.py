@@ -25,8 +25,9 @@ from polygate_celery.core.outcome import AttemptRecord, Outcome
 # to waiting only while its source's breaker is open (fleet-wide evidence); or to the
 # retry budget.
 OutageCharge = Literal["waiting", "waiting_if_breaker_open", "retry_budget"]
-# Blockers whose end is when a rate limit resets: a provider's Retry-After, a quota.
-RATE_LIMIT_BLOCKS: frozenset[str] = frozenset({"paused", "quota"})
+# Blockers whose end is when a rate limit resets: a provider's Retry-After, a quota, a
+# tenant's own caps.
+RATE_LIMIT_BLOCKS: frozenset[str] = frozenset({"paused", "quota", "tenant_cap"})
 
 Phase = Literal[
     "start",  # before the first round

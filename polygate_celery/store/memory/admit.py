@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from polygate_celery.core.breaker import BreakerState, breaker_admit, breaker_reopens_at
 from polygate_celery.core.quota import BOOKING_SLACK_S
-from polygate_celery.core.standing import used_credits
+from polygate_celery.core.standing import CapsSay, caps_say, used_credits
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import AdmitRequest, BlockReason, Denial, Grant, WaitMode
 from polygate_celery.store.memory.quota import QuotaSay, book, bookable, charge, quota_say
-from polygate_celery.store.memory.state import NO_TAG, Ledger, SourceState
+from polygate_celery.store.memory.state import NO_TAG, Ledger, SourceState, TenantHold
 
 # The refusals that say something of the source's health: a refused call is told its
 # last error (`Denial.errors`).
@@ -36,6 +36,7 @@ class _Say:
     error: str | None
     breaker: BreakerState | None
     quota: QuotaSay
+    caps: CapsSay | None  # the tenant's caps there, if it has any
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,8 @@ def admit(ledger: Ledger, request: AdmitRequest, now: float) -> AdmitResult:
         say = _consider(ledger, terms, state, booking, request, now)
         if not say.reasons:
             return _grant(ledger, terms, state, say, booking, request, waiter, now)
+        if mine and "tenant_cap" in say.reasons and _HEALTH_BLOCKS.isdisjoint(say.reasons):
+            ledger.hand_on(terms.name, state, now)  # its tenant's cap: the next waiter's
         if waiter is not None and not mine and say.reasons == ("at_capacity",):
             # joins the queue (or keeps its place) and renews its claim
             state.join(waiter, request.standing, request.est_tokens, request.claim_s, now)
@@ -118,13 +121,28 @@ def _consider(
         reasons.append("at_capacity")
     quota = quota_say(ledger, terms, state, booking, request.est_tokens, now)
     reasons += ["quota"] * len(quota.waits)
+    known += quota.waits
+    caps, standing = None, request.standing
+    if standing.caps is not None:
+        hold = _hold(state, standing.tenant)
+        in_flight = hold.in_flight(state.permits)
+        caps = caps_say(
+            standing.caps, in_flight, hold.request_tat, hold.token_tat, request.est_tokens, now
+        )
+        if caps.refused:
+            reasons.append("tenant_cap")
+            if caps.reopen_in_s is not None:
+                known.append(caps.reopen_in_s)
     return _Say(
-        tuple(reasons),
-        (*known, *quota.waits),
-        state.error if by_health else None,
-        breaker,
-        quota,
+        tuple(reasons), tuple(known), state.error if by_health else None, breaker, quota, caps
     )
+
+
+def _hold(state: SourceState, tenant: str) -> TenantHold:
+    hold = state.tenants.get(tenant)
+    if hold is None:
+        hold = state.tenants[tenant] = TenantHold()
+    return hold
 
 
 def _grant(
@@ -154,6 +172,10 @@ def _grant(
             fair.virtual[rank] = max(fair.virtual.get(rank, 0.0), booking[5])
     else:
         charge(ledger, terms, state, permit_id, say.quota, now)
+    if say.caps is not None:  # counted against its tenant's caps
+        hold = _hold(state, request.standing.tenant)
+        hold.permits.add(permit_id)
+        hold.request_tat, hold.token_tat = say.caps.request_tat, say.caps.token_tat
     floors = request.standing.floors
     if floors and (booking is not None or terms.quota is not None or say.quota.learned):
         # a quota's slot used: the classes' credits on them (floors)

@@ -98,6 +98,14 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
     elif settlement.congested:
         state.aimd = aimd_on_congestion(state.aimd, terms.aimd, settlement.admitted_at, now)
     state.permits.discard(settlement.permit_id)
+    caps = settlement.standing.caps
+    hold = state.tenants.get(settlement.standing.tenant) if caps is not None else None
+    if hold is not None:  # its tenant's: one fewer in flight, its tokens as used
+        hold.permits.discard(settlement.permit_id)
+        if caps is not None and caps.tpm and settlement.est_tokens > 0:
+            hold.token_tat = gcra_settle(
+                hold.token_tat, settlement.est_tokens, settlement.used_tokens, caps.tpm
+            )
     quota = terms.quota
     if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
         quota_state = ledger.quota(quota.name)

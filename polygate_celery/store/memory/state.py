@@ -45,6 +45,23 @@ class Fair:
 
 
 @dataclass
+class TenantHold:
+    """A tenant's use of a source against its caps (`core.standing.caps_say`): the permits
+    its calls were granted there (those the source still holds are in flight) and its
+    buckets' theoretical arrival times."""
+
+    permits: set[str] = field(default_factory=set)
+    request_tat: float = -math.inf
+    token_tat: float = -math.inf
+
+    def in_flight(self, held: set[str]) -> int:
+        """Its calls in flight: its permits the source still holds (`held`); the others
+        are forgotten."""
+        self.permits &= held
+        return len(self.permits)
+
+
+@dataclass
 class SourceState:
     aimd: AimdState | None = None  # set from the source's terms on first use
     breaker: BreakerState = field(default_factory=BreakerState)
@@ -66,6 +83,8 @@ class SourceState:
     # The tenants' fair queuing on its quota's slots (`core.standing.quota_tag`): per class,
     # the tag of the last booked slot used; per class and tenant, the last tag given.
     quota_fair: Fair = field(default_factory=Fair)
+    # Tenants with caps: their use of this source (`TenantHold`), by tenant.
+    tenants: dict[str, TenantHold] = field(default_factory=dict)
     # The source's last error (as settle.lua keeps it), and when its breaker last opened.
     error: str | None = None
     opened_at: float | None = None

@@ -95,7 +95,11 @@ def standing_arg(standing: Standing) -> bytes:
     equal to it (the top class of two or more, no tenant, no floors) is sent in full: it
     may take a lower class's booked slot (admit_booking.lua)."""
     floors = ",".join(fmt(f) for f in standing.floors)
-    return f"{standing.rank}|{fmt(standing.weight)}|{standing.tenant}|{floors}".encode()
+    text = f"{standing.rank}|{fmt(standing.weight)}|{standing.tenant}|{floors}"
+    caps = standing.caps
+    if caps is not None:  # its tenant's caps (0: none), with the tenant's keys (scripts.py)
+        text += f"|{caps.max_concurrency or 0},{caps.rpm or 0},{caps.tpm or 0}"
+    return text.encode()
 
 
 def decode_admit(reply: Any, request: AdmitRequest, lease_s: float) -> AdmitResult:

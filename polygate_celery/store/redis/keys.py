@@ -36,6 +36,13 @@ ones stop. Keys (``{t}``: the key's tag, ``{p}``: the fleet tag)::
                                             learned quota (lrpm lreq ltpm ltok: the
                                             provider's announced limits, GCRA times;
                                             lwend lwleft lwseen: its requests window)
+    {t}:v1:src:<source>:tenant:<tenant>:permits  ZSET  a tenant with caps (SPEC §8): the
+                                            permits its calls were granted there -> their
+                                            admission time (those the source's permits no
+                                            longer hold, or hold expired, are dropped when
+                                            they would count); TTL TENANT_KEPT_S
+    {t}:v1:src:<source>:tenant:<tenant>:rate  HASH  its buckets there (GCRA times): req
+                                            (rpm), tok (tpm); TTL until they refill
     {t}:v1:quota:<group>            HASH    bucket (GCRA) times: req (RPM), tok (TPM)
     {t}:v1:quota:<group>:log        ZSET    permit id -> admission time: the RPM sliding
                                             window (at most rpm members, TTL one window)
@@ -97,6 +104,12 @@ class KeySpace:
 
     def alive(self, source: str) -> str:
         return f"{self._in(self.groups.sources.get(source))}:src:{source}:alive"
+
+    def tenant_permits(self, source: str, tenant: str) -> str:
+        return f"{self._in(self.groups.sources.get(source))}:src:{source}:tenant:{tenant}:permits"
+
+    def tenant_rate(self, source: str, tenant: str) -> str:
+        return f"{self._in(self.groups.sources.get(source))}:src:{source}:tenant:{tenant}:rate"
 
     def quota(self, group: str | None, source: str = "") -> str:
         """The quota group's key; a placeholder (never written) for a source without one,

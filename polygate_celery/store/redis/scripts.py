@@ -31,9 +31,16 @@ from polygate_celery.core.quota import (
     WINDOW_KEPT_S,
     WINDOW_S,
 )
-from polygate_celery.core.standing import CREDIT_TOLERANCE, DECAY, MAX_CLASSES, RANK_SPAN
+from polygate_celery.core.standing import (
+    CREDIT_TOLERANCE,
+    DECAY,
+    MAX_CLASSES,
+    PLAIN,
+    RANK_SPAN,
+    Standing,
+)
 from polygate_celery.core.terms import SourceTerms
-from polygate_celery.store.base import GATE_KEPT_S, PROGRESS_TTL_S, AdmitRequest
+from polygate_celery.store.base import GATE_KEPT_S, PROGRESS_TTL_S, TENANT_KEPT_S, AdmitRequest
 from polygate_celery.store.redis.codec import fmt
 from polygate_celery.store.redis.connect import AsyncClient
 from polygate_celery.store.redis.errors import bad_reply, reading, translated
@@ -50,7 +57,7 @@ _ADMIT_CONSTANTS = tuple(
     fmt(x).encode()
     for x in (
         *(LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S, BOOKING_SLACK_S),
-        *(RANK_SPAN, DECAY, CREDIT_TOLERANCE),
+        *(RANK_SPAN, DECAY, CREDIT_TOLERANCE, TENANT_KEPT_S),
     )
 )
 _SETTLE_CONSTANTS = (
@@ -200,7 +207,7 @@ class _Commands:
         # an id is not reused while it is cached): a dictionary look-up per call.
         self._admit_commands: dict[tuple[object, ...], tuple[tuple[SourceTerms, ...], Command]]
         self._admit_commands = {}
-        self._settle_commands: dict[tuple[str, int], tuple[SourceTerms, Command]] = {}
+        self._settle_commands: dict[tuple[str, int, str], tuple[SourceTerms, Command]] = {}
 
     def _encoded(self, terms: SourceTerms) -> _Encoded:
         """A source's keys and packed terms, built once per distinct terms."""
@@ -211,9 +218,12 @@ class _Commands:
         return encoded
 
     def admit(self, request: AdmitRequest) -> Command:
-        """admit.lua's keys and fixed arguments for this scope and these candidates."""
+        """admit.lua's keys and fixed arguments for this scope and these candidates (and,
+        for a call whose tenant has caps, the tenant's keys at each of them)."""
         candidates = request.candidates
-        key = (request.scope, *map(id, candidates))
+        standing = request.standing
+        tenant = standing.tenant if standing.caps is not None else ""
+        key = (request.scope, tenant, *map(id, candidates))
         cached = self._admit_commands.get(key)
         if cached is not None:
             return cached[1]
@@ -225,15 +235,28 @@ class _Commands:
             keys += encoded.keys
             tail += encoded.admit_terms
         keys.append(self.keys.gate(request.scope).encode())
+        if tenant:
+            for terms in candidates:
+                keys += self._tenant_keys(terms.name, tenant)
         command = Command(keys, tail)
         if len(self._admit_commands) >= _COMMANDS_KEPT:
             self._admit_commands.clear()  # terms made afresh per call: bounded all the same
         self._admit_commands[key] = (candidates, command)
         return command
 
-    def settle(self, scope: str, terms: SourceTerms) -> Command:
-        """settle.lua's keys and fixed arguments for this scope and source."""
-        key = (scope, id(terms))
+    def _tenant_keys(self, source: str, tenant: str) -> tuple[bytes, bytes]:
+        """A tenant's keys at a source (admit.lua's and settle.lua's last ones)."""
+        return (
+            self.keys.tenant_permits(source, tenant).encode(),
+            self.keys.tenant_rate(source, tenant).encode(),
+        )
+
+    def settle(self, scope: str, terms: SourceTerms, standing: Standing = PLAIN) -> Command:
+        """settle.lua's keys and fixed arguments for this scope and source (and the
+        tenant's keys there, with its tpm cap, for a call whose tenant has caps)."""
+        caps = standing.caps
+        tenant = standing.tenant if caps is not None else ""
+        key = (scope, id(terms), tenant)
         cached = self._settle_commands.get(key)
         if cached is not None:
             return cached[1]
@@ -250,7 +273,11 @@ class _Commands:
             self.keys.class_progress(scope).encode(),
         ]
         tail = [self._origin.encode(), terms.name.encode(), self.keys.wake.encode()]
-        command = Command(keys, [*tail, *encoded.settle_terms])
+        tail += encoded.settle_terms
+        if caps is not None:
+            keys += self._tenant_keys(terms.name, tenant)
+            tail.append(str(caps.tpm or 0).encode())
+        command = Command(keys, tail)
         if len(self._settle_commands) >= _COMMANDS_KEPT:
             self._settle_commands.clear()
         self._settle_commands[key] = (terms, command)

@@ -161,7 +161,7 @@ class RedisStore:
 
     async def settle(self, settlement: Settlement) -> bool:
         terms = settlement.source
-        command = self._commands.settle(settlement.scope, terms)
+        command = self._commands.settle(settlement.scope, terms, settlement.standing)
         args = encode_settle(settlement, self._now_arg())
         reply = await self._scripts.send("settle", command, args)
         reply = decode_settle(reply, settlement)  # a state change is logged here for the fleet

@@ -11,7 +11,7 @@ import pytest
 
 from polygate_celery.config import GatewayConfig, load_config, parse_config
 from polygate_celery.config.reference import page
-from polygate_celery.core.standing import PLAIN, Standing
+from polygate_celery.core.standing import PLAIN, Standing, TenantCaps
 from polygate_celery.errors import ConfigError
 
 TOML = """
@@ -138,6 +138,30 @@ def test_a_tenants_entry_matches_its_name_exactly() -> None:
     assert config.standing(tenant="acme").weight == 1.0
 
 
+def test_a_tenants_caps_come_from_its_entry_else_from_tenant_defaults() -> None:
+    config = parse_config(
+        {
+            "tenant_defaults": {"max_concurrency": 2, "rpm": 60},
+            "tenants": {"acme": {"max_concurrency": 8, "tpm": 90_000}, "free": {"weight": 0.5}},
+        }
+    )
+    assert config.standing(tenant="acme").caps == TenantCaps(8, 60, 90_000)
+    assert config.standing(tenant="free").caps == TenantCaps(2, 60, None)
+    assert config.standing(tenant="customer:42").caps == TenantCaps(2, 60, None)
+    assert config.standing().caps is None  # a call of no tenant has no cap
+    assert parse_config({}).standing(tenant="acme").caps is None
+
+
+def test_caps_read_from_a_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLYGATE_TENANTS__ACME__RPM", "600")
+    text = TOML.replace("weight = 5", "weight = 5\ntpm = 1000") + "max_concurrency = 3\n"
+    config = loaded(tmp_path, text)
+    assert config.standing(tenant="ops@example.com").caps == TenantCaps(3, None, None)
+    assert config.standing(tenant="acme").caps == TenantCaps(None, 600, 1000)
+
+
 # -- what a call may not name -----------------------------------------------------------
 
 
@@ -178,7 +202,11 @@ def test_a_malformed_tenant_is_refused_naming_tenant_not_quoting_it(tenant: str)
         ({"priorities": {"Batch": {}}}, "priorities.Batch.[key]"),
         ({"tenants": {"acme": {"weight": 0}}}, "tenants.acme.weight"),
         ({"tenants": {"acme": {"weight": 1001}}}, "tenants.acme.weight"),
-        ({"tenants": {"acme": {"max_concurrency": 2}}}, "tenants.acme.max_concurrency"),
+        ({"tenants": {"acme": {"max_concurrency": 0}}}, "tenants.acme.max_concurrency"),
+        ({"tenants": {"acme": {"rpm": -1}}}, "tenants.acme.rpm"),
+        ({"tenants": {"acme": {"tpm": 1.5}}}, "tenants.acme.tpm"),
+        ({"tenants": {"acme": {"burst": 2}}}, "tenants.acme.burst"),
+        ({"tenant_defaults": {"max_concurrency": 10_001}}, "tenant_defaults.max_concurrency"),
         ({"tenants": {"a b": {}}}, "tenants.a b.[key]"),
         ({"tenant_defaults": {"weight": -1}}, "tenant_defaults.weight"),
         ({"tenant_defaults": {"weight": float("inf")}}, "tenant_defaults.weight"),

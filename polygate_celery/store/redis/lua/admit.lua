@@ -38,6 +38,10 @@
 --                                                class, or a call of its own it comes
 --                                                after, may take it, admit_booking.lua)
 --   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until error
+--   KEYS[6n+2i], KEYS[6n+2i+1]  for a call whose tenant has caps (ARGV[9]), the tenant's
+--               {p}:v1:src:<name>:tenant:<tenant>:permits ZSET (permit id -> admission
+--               time) and :rate HASH (req tok, GCRA times) at the i-th candidate
+--               (admit_tenant.lua)
 -- ARGV[1]   now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]   permit id (chosen by the caller: a repeated admit returns its first grant)
 -- ARGV[3]   estimated tokens
@@ -56,8 +60,9 @@
 -- ARGV[9]   the caller's standing (core.standing): "" for the plain one (one class at
 --           most: rank 0, no tenant, weight 1, no floors; it takes no booked slot of
 --           another class's, only a later call's, ARGV[10]), else
---           "<rank>|<weight>|<tenant>|<floors>",
---           floors the classes' min_share by rank, comma-separated ("" for none)
+--           "<rank>|<weight>|<tenant>|<floors>[|<caps>]",
+--           floors the classes' min_share by rank, comma-separated ("" for none); caps
+--           the tenant's, "<max_concurrency>,<rpm>,<tpm>" (0: none; admit_tenant.lua)
 -- ARGV[10]  the call's place among the waiters of its class (admit_booking.lua):
 --           "<arrival>" or "<arrival> <tag>". The arrival, first come first served:
 --           the store's time of its first grant or booking, in microseconds; "" for
@@ -70,8 +75,9 @@
 -- ARGV[13]  the wake-up channel of origin X is this text followed by X
 -- ARGV[14..17]  core.quota's LEARNED_TTL_S, WINDOW_KEPT_S, ARRIVAL_MARGIN_S and
 --           BOOKING_SLACK_S; ARGV[18..20] core.standing's RANK_SPAN, DECAY and
---           CREDIT_TOLERANCE (packed once with the terms, scripts.py)
--- ARGV[21..26] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
+--           CREDIT_TOLERANCE; ARGV[21] the store's TENANT_KEPT_S (packed once with the
+--           terms, scripts.py)
+-- ARGV[22..27] + 6(i-1)  the i-th candidate, best first: name, cap, initial AIMD limit
 --           (0: the cap), rpm (0: none), tpm (0: none), window_s (0: rpm as a bucket;
 --           -1: not declared: as a bucket, or the provider's window while its answers
 --           show one (core.quota.window_take); else a sliding window of this length)
@@ -88,8 +94,9 @@
 --                                                         if not on record); error, the
 --                                                         source's last error ("" none)
 --          {0, reopen_in_s or "", name, reason, error, ...}  a denial; reasons: paused,
---          breaker_open, probe_in_flight, at_capacity, quota; error: the source's last
---          error where its breaker or a pause refused it, else ""
+--          breaker_open, probe_in_flight, at_capacity, quota,
+--          tenant_cap; error: the source's last error where its breaker or a pause refused
+--          it, else ""
 --          {3, reopen_in_s, booked_in_s, arrival, tag, name, reason, error, ...}
 --                                                         a denial, the caller holding a
 --                                                         booked slot that far ahead,
@@ -115,8 +122,8 @@
 local LEARNED_TTL_S, WINDOW_KEPT_S = tonumber(ARGV[14]), tonumber(ARGV[15])
 local MARGIN_S, SLACK_S = tonumber(ARGV[16]), tonumber(ARGV[17])
 local RANK_SPAN, DECAY = tonumber(ARGV[18]), tonumber(ARGV[19])
-local CREDIT_TOLERANCE = tonumber(ARGV[20])
-local T = 20  -- the arguments before the candidates'
+local CREDIT_TOLERANCE, TENANT_KEPT_S = tonumber(ARGV[20]), tonumber(ARGV[21])
+local T = 21  -- the arguments before the candidates'
 local NONE = {}  -- no quota's waits, no dimension to book (read only)
 
 -- include: standing
@@ -132,7 +139,13 @@ local claim_s = tonumber(ARGV[7])
 local book_within = tonumber(ARGV[8]) or 0
 local function waiter() return ARGV[12] .. ' ' .. call .. ' ' .. ARGV[7] end
 -- where a waiter of this caller's standing takes its place (standing.lua)
-local s_rank, s_weight, s_tenant, s_floors, s_virtual, s_finish = standing_of(ARGV[9])
+local s_rank, s_weight, s_tenant, s_floors, s_virtual, s_finish, s_caps = standing_of(ARGV[9])
+local caps = nil  -- its tenant's caps at each candidate, if it has any
+if s_caps ~= '' then
+  -- include: gcra
+  -- include: admit_tenant
+  caps = tenant_caps(s_caps)
+end
 -- its place (ARGV[10]): its arrival (given, or now), and its tag on the quota ("" none)
 local given_arrival, given_tag = string.match(ARGV[10], '^(-?%d*) ?(%S*)$')
 local arrival = given_arrival ~= '' and given_arrival or string.format('%.0f', now * 1e6)
@@ -239,6 +252,10 @@ for i = 1, n do
   if #waits_s > 0 then
     reasons[#reasons + 1] = 'quota'; known[#known + 1] = math.max(unpack(waits_s))
   end
+  local capped = caps and caps.says(pkey, KEYS[6 * n + 2 * i], KEYS[6 * n + 2 * i + 1], now, est)
+  if capped and capped.refused then
+    reasons[#reasons + 1] = 'tenant_cap'; known[#known + 1] = capped.wait
+  end
 
   if #reasons > 0 then
     if held_already() then return {1, name, fmt(now)} end
@@ -251,7 +268,13 @@ for i = 1, n do
     end
     denial[#denial + 1] = by_health and (redis.call('HGET', skey, 'error') or '') or ''
     -- A permit handed to it that it cannot use (the source paused since, say) is freed
-    -- (above): the others would be refused alike, and poll.
+    -- (above): the others would be refused alike, and poll; held back by its tenant's
+    -- caps alone, it goes on to the next waiter (told by a message, even here).
+    if mine and capped and capped.refused and not by_health then
+      -- include: handover
+      hand_on(pkey, KEYS[6 * i - 1], KEYS[6 * i], skey, redis.call('HGET', skey, 'ffloors'),
+        now, ARGV[13], name, '', {})
+    end
     if not mine and waits ~= '0' and #reasons == 1 and reasons[1] == 'at_capacity' then
       local w = waiter()
       local tag = tag_of(st[14], st[15], est, s_weight)
@@ -280,6 +303,7 @@ for i = 1, n do
     else
       redis.call('ZADD', pkey, now + tonumber(ARGV[11]), permit)
     end
+    if capped then caps.charge(KEYS[6 * n + 2 * i], KEYS[6 * n + 2 * i + 1], permit, now, capped) end
     local fields = {}
     if take_probe then
       fields[#fields + 1] = 'mode'; fields[#fields + 1] = new_mode

@@ -22,6 +22,9 @@
 -- KEYS[7]  {p}:v1:src:<name>:alive     ZSET  waiters -> end of their claim
 -- KEYS[8]  {p}:v1:scope:<scope>:class_progress  HASH  class rank -> time of its last
 --                                            success (the key's TTL, the progress TTL)
+-- KEYS[9], KEYS[10]  for a call whose tenant has caps, its {p}:v1:src:<name>:tenant:
+--          <tenant>:permits ZSET and :rate HASH (admit_tenant.lua): the permit leaves the
+--          one, and the tokens used replace the estimate in the other's tok (ARGV[35])
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
 -- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
@@ -53,7 +56,7 @@
 --          progress TTL seconds
 -- ARGV[30..32]  core.quota's LEARNED_TTL_S and RESET_EVIDENCE_S, the store's GATE_KEPT_S;
 --          ARGV[33..34] core.standing's RANK_SPAN and DECAY (packed once with the terms,
---          scripts.py)
+--          scripts.py); ARGV[35] with KEYS[9]: the tenant's tpm cap (0: none)
 -- Returns  0 if the permit was not held; else it is released and, when the source can
 --          run another call, handed to the live waiter served next (serving.lua)
 --          (fleet-wide, by class and fair share): 1 (no waiter, or one of another process, told by a message
@@ -115,6 +118,18 @@ if held and ltpm > 0 and est > 0 and admitted_at > tonumber(ltsince or '1e300') 
   if delta ~= 0 then
     ltok = ltok + delta
     put('ltok', ltok)
+  end
+end
+if KEYS[9] then  -- a call whose tenant has caps: one fewer in flight, its tokens as used
+  redis.call('ZREM', KEYS[9], permit)
+  local ttpm = tonumber(ARGV[35])
+  local b = held and ttpm > 0 and est > 0 and redis.call('HMGET', KEYS[10], 'req', 'tok')
+  if b and b[2] then  -- (gone: refilled a period ago, nothing to correct)
+    -- include: gcra
+    local moved = tonumber(b[2]) + charge_s(used, ttpm) - charge_s(est, ttpm)
+    redis.call('HSET', KEYS[10], 'tok', fmt(moved))
+    local last = math.max(moved, tonumber(b[1]))  -- kept as admit_tenant.lua keeps it
+    redis.call('PEXPIRE', KEYS[10], math.max(1, math.ceil((last - now + 61.0) * 1000)))
   end
 end
 local arpm, atpm = tonumber(ARGV[9]), tonumber(ARGV[11])

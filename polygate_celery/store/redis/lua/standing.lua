@@ -9,11 +9,12 @@
 -- the classes' floors, ffloors ("" or comma-separated min_share by rank).
 
 -- A caller's standing (admit.lua's ARGV[9]): rank, weight, tenant, floors, then the
--- state hash's fields of its class's virtual time and its tenant's last tag.
+-- state hash's fields of its class's virtual time and its tenant's last tag, then its
+-- tenant's caps ("" for none; admit_tenant.lua).
 local function standing_of(standing)
-  if standing == '' then return 0, 1, '', '', 'fv0', 'ff0:' end  -- (most calls: no text made)
-  local r, w, t, f = string.match(standing, '^(%d+)|([^|]+)|([^|]*)|(.*)$')
-  return tonumber(r), tonumber(w), t, f, 'fv' .. r, 'ff' .. r .. ':' .. t
+  if standing == '' then return 0, 1, '', '', 'fv0', 'ff0:', '' end  -- (most calls)
+  local r, w, t, f, c = string.match(standing, '^(%d+)|([^|]+)|([^|]*)|([^|]*)|?(.*)$')
+  return tonumber(r), tonumber(w), t, f, 'fv' .. r, 'ff' .. r .. ':' .. t, c
 end
 
 -- A waiter's fair-queuing tag, from its class's virtual time `fv` and its tenant's last
