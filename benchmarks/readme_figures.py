@@ -344,6 +344,12 @@ def fair_share() -> str:
     return "\n".join(table_lines(text, "| window | tokens a / b / c |"))
 
 
+def tenant_caps() -> str:
+    """Tenants' caps counted at the provider, as tenant_caps.md has it."""
+    text = (RESULTS / "tenant_caps.md").read_text(encoding="utf-8")
+    return "\n".join(table_lines(text, "| tenant | cap |"))
+
+
 def fleet() -> str:
     """1,000+ concurrent governed calls under one cap and one quota, as fleet.md has it."""
     text = (RESULTS / "fleet.md").read_text(encoding="utf-8")
@@ -359,6 +365,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "fairness": fairness,
     "priority": priority,
     "fairshare": fair_share,
+    "tenantcaps": tenant_caps,
     "fleet": fleet,
 }
 

@@ -75,3 +75,20 @@ def test_the_fair_share_table_has_a_row_per_window_and_no_refusal() -> None:
     assert any(line.startswith("| 0-10 s |") for line in report.splitlines()), done.stderr[-3000:]
     assert "provider 429s 0;" in report, report
     assert "'success'" in report, report
+
+
+def test_the_tenant_caps_table_counts_each_cap_at_the_provider() -> None:
+    # (too short for the rate targets, which follow the buckets' first minute: the caps
+    # are asserted exactly by the store contract and the Redis outage test)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/tenant_caps.py", "--processes", "2", "--callers", "2",
+         "--seconds", "12"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    report = done.stdout
+    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if "|" in line}
+    assert set("abcd") <= set(rows), done.stderr[-3000:]
+    peak = int(rows["a"].split("most in flight")[1].split("|")[0])
+    assert 1 <= peak <= 3, rows["a"]
+    assert "never over" in rows["b"], rows["b"]
+    assert "provider 429s 0;" in report, report

@@ -273,3 +273,69 @@ async def test_redis_crashed_and_restarted_with_tenants_booked_on_a_quota(
         tat = max(tat, start) + 60.0 / RPM
     served = {tenant for at, _, tenant in load.served if at >= up}
     assert served == set("abc"), load.served[-20:]
+
+
+class TenantWitnessSource(WitnessSource):
+    """As `WitnessSource`, each tenant's requests held at a witness of its own (the payload
+    names the tenant: "<tenant>" or "<tenant>-long")."""
+
+    def __init__(self, ports: dict[str, int]) -> None:
+        super().__init__(0)
+        self.ports = ports
+
+    async def send(self, payload: Any, *, timeout_s: float) -> Outcome:
+        tenant, _, long = str(payload).partition("-")
+        key = (id(asyncio.current_task()), tenant)
+        client = self.clients.setdefault(hash(key), WitnessClient(self.ports[tenant]))
+        if long:
+            self.long_sent.set()
+        await client.hold(LONG_MS if long else self.rng.uniform(20, 200))
+        return Outcome.success("ok")
+
+
+TENANT_CAPS = {"a": 1, "b": 2}  # calls in flight at the source, of its 4
+
+
+async def test_redis_crashed_and_restarted_with_tenants_at_their_caps(
+    server: RedisServer, witness: Witness
+) -> None:
+    """Callers of two capped tenants keep the source busy when Redis is SIGKILLed and
+    restarted: each tenant's record of its permits comes back from the log with the
+    source's, and lapses with their leases; no request goes out while Redis is away, no
+    tenant is ever over its cap at the source (a witness of its own each), and both are
+    served afterwards."""
+    witness_b = await Witness().start()
+    config = parse_config(
+        {
+            "sources": {"w": {"max_concurrency": 4, "timeout_s": 30}},
+            "scopes": {"s": {"kind": "embedding", "sources": ["w"], "poll_interval_s": 0.1}},
+            "tenants": {name: {"max_concurrency": cap} for name, cap in TENANT_CAPS.items()},
+        }
+    )
+    store = RedisStore.from_url(server.url, lease_s=LEASE_S, socket_timeout_s=SOCKET_TIMEOUT_S)
+    source = TenantWitnessSource({"a": witness.port, "b": witness_b.port})
+    load = Load(Gateway(config, {"w": source}, store=store))
+    tasks = [asyncio.ensure_future(load.caller(t, None, t)) for t in "aaabbb"]
+    tasks.append(asyncio.ensure_future(load.caller("b-long", None, "b")))
+    try:
+        await asyncio.wait_for(source.long_sent.wait(), timeout=30.0)
+        await asyncio.sleep(1.0)
+        down = time.monotonic()
+        server.kill()
+        await asyncio.sleep(4.0)
+        server.start()
+        up = time.monotonic()
+        await asyncio.sleep(4.0)
+    finally:
+        await stop(load, tasks, store, source)
+        await witness_b.stop()
+    during = load.between(down + 0.05, up - SOCKET_TIMEOUT_S - 0.1)
+    assert during, "no call was made while Redis was unreachable"
+    assert {verdict for _, _, verdict in during} == {"backend_error"}
+    for each in (witness, witness_b):
+        assert not [start for start, _, _ in each.spans if down + 0.05 < start < up]
+    cut = [hold for start, end, hold in witness_b.spans if start < down < end]
+    assert any(hold > LEASE_S for hold in cut), "the long request was not in flight"
+    assert (witness.peak, witness_b.peak) == (TENANT_CAPS["a"], TENANT_CAPS["b"])
+    served = {tenant for at, _, tenant in load.served if at >= up}
+    assert served == {"a", "b"}, load.served[-20:]

@@ -23,7 +23,8 @@ class JournalEntry:
     "401-auth", "404-model_not_found", "400-bad_request", "malformed-body", the
     stream faults ("stall", "cut", "malformed", "no_done", "slow_first_token"),
     or "client-gone" (the client left first; status 499 when no answer was sent).
-    `authorized` is None when the model has no `api_key`.
+    `authorized` is None when the model has no `api_key`. `ended` is when the entry was
+    appended (an answer's end: the request held its slot from `at` to then).
     """
 
     at: float
@@ -35,6 +36,7 @@ class JournalEntry:
     prompt_tokens: int
     completion_tokens: int
     authorized: bool | None
+    ended: float | None = None
 
 
 @dataclass(slots=True)

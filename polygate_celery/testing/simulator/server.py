@@ -179,6 +179,7 @@ class Simulator:
                 prompt_tokens=prompt.prompt_tokens if prompt else 0,
                 completion_tokens=prompt.completion_tokens if prompt and status == 200 else 0,
                 authorized=visit.authorized,
+                ended=self.since_start(),
             )
         )
         visit.recorded = True

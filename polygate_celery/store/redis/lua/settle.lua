@@ -22,9 +22,10 @@
 -- KEYS[7]  {p}:v1:src:<name>:alive     ZSET  waiters -> end of their claim
 -- KEYS[8]  {p}:v1:scope:<scope>:class_progress  HASH  class rank -> time of its last
 --                                            success (the key's TTL, the progress TTL)
--- KEYS[9], KEYS[10]  for a call whose tenant has caps, its {p}:v1:src:<name>:tenant:
---          <tenant>:permits ZSET and :rate HASH (admit_tenant.lua): the permit leaves the
---          one, and the tokens used replace the estimate in the other's tok (ARGV[35])
+-- KEYS[9]  for a call whose tenant has caps: {p}:v1:src:<name>:tenant:<tenant>:permits
+--          ZSET (admit_tenant.lua), which the permit leaves
+-- KEYS[10] and {p}:v1:src:<name>:tenant:<tenant>:rate HASH, whose tok takes the tokens
+--          used in place of the estimate (ARGV[35])
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  permit id          ARGV[3]  effect: success | failure | auth_failure | neutral
 -- ARGV[4]  congested (1/0)    ARGV[5]  pause seconds ("" for none)
