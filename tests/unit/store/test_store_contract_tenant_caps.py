@@ -127,9 +127,10 @@ async def test_a_permit_handed_to_a_waiter_whose_tenant_reached_its_cap_goes_on(
     for grant in held_u:
         await h.settle(grant, source, standing=tenant("u"))  # handed to w0, then w1
     assert isinstance(await h.admit(source, waiter="w0", standing=t, est_tokens=1), Grant)
-    # w1's tenant is at its cap now: its permit goes on to w2
+    # w1's tenant is at its cap now: its permit goes on to w2, held for it
     denial = await h.deny(source, waiter="w1", standing=t, est_tokens=1)
     assert denial.blocked == (("src", "tenant_cap"),)
+    assert (await h.deny(source, standing=tenant("x"))).blocked == (("src", "at_capacity"),)
     handed = await h.admit(source, waiter="w2", standing=tenant("v"), est_tokens=1000)
     assert isinstance(handed, Grant)
     assert held_t.source == handed.source == "src"
