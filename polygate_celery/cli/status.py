@@ -1,8 +1,10 @@
 """Edge (CLI): `polygate-celery status`, the fleet's governance state at a glance.
 
 Per scope: the age of its last success and its gate; per source: permits in
-use, the adaptive (AIMD) limit and the cap, breaker, pause and quota use; then
-the Celery parking lots. ``--watch`` redraws until Ctrl-C, on one connection.
+use, the adaptive (AIMD) limit and the cap, breaker, pause and quota use; where
+classes are declared, each class's waiters; each tenant's calls in flight (against
+its cap), waiting and booked; then the Celery parking lots. ``--watch`` redraws
+until Ctrl-C, on one connection.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from polygate_celery.cli.status_report import (
 )
 from polygate_celery.cli.tables import amount, duration, table
 from polygate_celery.config.gateway import GatewayConfig
+from polygate_celery.errors import ConfigError
 from polygate_celery.store.base import SourceSnapshot
 from polygate_celery.store.redis import RedisStore
 
@@ -40,7 +43,9 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 def add_command(commands: Commands) -> None:
     parser = commands.add_parser(
-        "status", help="show permits, limits, breakers, pauses, quotas and parked tasks"
+        "status",
+        help="show permits, limits, breakers, pauses, quotas, the calls of each class and "
+        "tenant, and parked tasks",
     )
     add_config_option(parser)
     parser.add_argument(
@@ -106,6 +111,8 @@ def render(reading: StatusReading, store: RedisStore, config: GatewayConfig) -> 
         parts.append(_sources_table(reading.scopes))
         if config.priorities:
             parts.append(_classes_table(reading.scopes, list(config.priorities)))
+        if any(source.state.tenants for scope in reading.scopes for source in scope.sources):
+            parts.append(_tenants_table(reading.scopes, config))
     parts.append(_lots_table(reading))
     return "\n\n".join(parts)
 
@@ -167,6 +174,43 @@ def _classes_table(scopes: tuple[ScopeReading, ...], classes: list[str]) -> str:
                 rows.append([name_cell, name, str(waiting), str(booked), share])
     headers = ["SOURCE", "CLASS", "WAITING", "BOOKED", "RECENT GRANTS"]
     return table(headers, rows, numeric={2, 3, 4})
+
+
+# Tenants shown per source, the busiest first (tenants may be customer ids: thousands).
+TENANT_ROWS = 20
+
+
+def _tenants_table(scopes: tuple[ScopeReading, ...], config: GatewayConfig) -> str:
+    """Per source, each tenant with calls there: in flight (against its cap, where it has
+    one), waiting for its permits, holding a quota slot booked ahead."""
+    rows = []
+    seen: set[str] = set()
+    for scope in scopes:
+        for source in scope.sources:
+            state = source.state
+            if state.name in seen or not state.tenants:
+                continue
+            seen.add(state.name)
+            busiest = sorted(state.tenants, key=lambda t: (-(t.in_flight + t.waiting), t.tenant))
+            for i, tenant in enumerate(busiest[:TENANT_ROWS]):
+                cap = _concurrency_cap(config, tenant.tenant)
+                in_flight = f"{tenant.in_flight}/{cap}" if cap else str(tenant.in_flight)
+                name = state.name if i == 0 else ""
+                rows.append(
+                    [name, tenant.tenant, in_flight, str(tenant.waiting), str(tenant.booked)]
+                )
+            if len(busiest) > TENANT_ROWS:
+                rows.append(["", f"(+{len(busiest) - TENANT_ROWS} more)", "", "", ""])
+    return table(["SOURCE", "TENANT", "IN FLIGHT", "WAITING", "BOOKED"], rows, numeric={2, 3, 4})
+
+
+def _concurrency_cap(config: GatewayConfig, tenant: str) -> int | None:
+    """The tenant's cap on calls in flight at a source, if it has one."""
+    try:
+        caps = config.standing(tenant=tenant).caps
+    except ConfigError:  # (not a tenant a call could name: no cap)
+        return None
+    return caps.max_concurrency if caps is not None else None
 
 
 def _quota_use(source: SourceReading, state: SourceSnapshot) -> str:

@@ -213,6 +213,19 @@ def tag_text(tag_: float) -> str:
     return format(tag_, ".17g")
 
 
+def named_for(ident: str, tenant: str) -> str:
+    """A call's or a permit's id, `ident`, named for its `tenant` (``<ident>/<tenant>``; as
+    it is for a call of no tenant): a store's view counts waiters and permits per tenant
+    by it (`tenant_of`). A tenant holds no ``/``."""
+    return f"{ident}/{tenant}" if tenant else ident
+
+
+def tenant_of(ident: str) -> str:
+    """The tenant a call's or a permit's id is named for (`named_for`); "" for none."""
+    _, slash, tenant = ident.rpartition("/")
+    return tenant if slash else ""
+
+
 class CapsSay(NamedTuple):
     """What a tenant's caps at a source say of one more call of its there: whether they
     refuse it, and when they admit it (None: not known, a call in flight must end

@@ -37,7 +37,7 @@ from polygate_celery.clock import Clock, within
 from polygate_celery.core import engine
 from polygate_celery.core.backoff import jitter
 from polygate_celery.core.outcome import AttemptRecord, Outcome
-from polygate_celery.core.standing import PLAIN, Standing, arrival_at
+from polygate_celery.core.standing import PLAIN, Standing, arrival_at, named_for
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.errors import AllSourcesExhausted, GovernanceBackendError, SourceFatalError
 from polygate_celery.governance import attempts, verdicts
@@ -136,7 +136,8 @@ class GovernedCall:
         self.standing = standing
         self.progress_rank = standing.rank if rt.classes else None
         self.priority = priority
-        self.call_id = next(_permit_ids)
+        # named for its tenant, as its permits are: a store's view counts them per tenant
+        self.call_id = named_for(next(_permit_ids), standing.tenant)
         # its place in its class on a quota's slots (`AdmitRequest.arrival`), once it has one
         self.arrival: int | None = None
         # and, for a call of a tenant, its fair-queuing tag there (`AdmitRequest.tag`)
@@ -260,7 +261,7 @@ class GovernedCall:
             AdmitRequest(
                 scope=plan.name,
                 candidates=self._candidates,
-                permit_id=next(_permit_ids),
+                permit_id=named_for(next(_permit_ids), self.standing.tenant),
                 est_tokens=self.est_tokens,
                 gate=self.rt.scope_gate,
                 call_id=self.call_id,

@@ -9,6 +9,7 @@ from polygate_celery.store.base import (
     Settlement,
     SourceSnapshot,
     Store,
+    TenantSnapshot,
 )
 from polygate_celery.store.factory import store_from_config
 from polygate_celery.store.memory import MemoryStore
@@ -23,5 +24,6 @@ __all__ = [
     "Settlement",
     "SourceSnapshot",
     "Store",
+    "TenantSnapshot",
     "store_from_config",
 ]

@@ -13,7 +13,7 @@ never mixed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from types import TracebackType
@@ -24,7 +24,7 @@ from polygate_celery.core.engine import Refused
 from polygate_celery.core.engine.message import message
 from polygate_celery.core.outcome import RateLimits
 from polygate_celery.core.selection import BlockReason as BlockReason  # noqa: PLC0414 (the store names it)
-from polygate_celery.core.standing import PLAIN, Standing
+from polygate_celery.core.standing import PLAIN, Standing, tenant_of
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 
 # How long a scope's last success counts (`Store.progress_age_s`: older is none).
@@ -200,6 +200,31 @@ class ReleaseWatch(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class TenantSnapshot:
+    """A tenant's calls at a source (told by their ids, `core.standing.named_for`): holding
+    its permits, waiting for them, and holding a quota slot booked ahead at it."""
+
+    tenant: str
+    in_flight: int = 0
+    waiting: int = 0
+    booked: int = 0
+
+
+def tenants_of(
+    in_flight: Iterable[str], waiting: Iterable[str], booked: Iterable[str]
+) -> tuple[TenantSnapshot, ...]:
+    """Per tenant, in its name's order, the ids of each kind named for it (calls and
+    permits of no tenant left out)."""
+    counts: dict[str, list[int]] = {}
+    for kind, ids in enumerate((in_flight, waiting, booked)):
+        for ident in ids:
+            tenant = tenant_of(ident)
+            if tenant:
+                counts.setdefault(tenant, [0, 0, 0])[kind] += 1
+    return tuple(TenantSnapshot(t, *counts[t]) for t in sorted(counts))
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSnapshot:
     """A source's governance state, for status views and tests."""
 
@@ -218,6 +243,8 @@ class SourceSnapshot:
     recent_grants: tuple[float, ...] = ()
     # Calls holding a quota slot booked ahead at it, per priority class (by rank).
     booked: tuple[int, ...] = ()
+    # Per tenant with calls there: in flight, waiting, booked (`TenantSnapshot`).
+    tenants: tuple[TenantSnapshot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

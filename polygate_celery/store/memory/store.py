@@ -178,4 +178,7 @@ class MemoryStore:
             booked=per_class(
                 int(booking[2]) for booking in state.booked.values() if booking[1] > now
             ),
+            tenants=base.tenants_of(
+                state.permits, state.queue, (c for c, b in state.booked.items() if b[1] > now)
+            ),
         )

@@ -29,7 +29,7 @@ from polygate_celery.clock import Clock
 from polygate_celery.config.gateway import GatewayConfig
 from polygate_celery.config.models import StoreConfig
 from polygate_celery.core.quota import LEARNED_TTL_S, WINDOW_S, gcra_spent, requests_spent
-from polygate_celery.core.standing import trimmed
+from polygate_celery.core.standing import MAX_CLASSES, trimmed
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store.admit import carry_out
 from polygate_celery.store.base import (
@@ -41,6 +41,7 @@ from polygate_celery.store.base import (
     QuotaSnapshot,
     Settlement,
     SourceSnapshot,
+    TenantSnapshot,
     WaitMode,
 )
 from polygate_celery.store.redis.codec import (
@@ -308,7 +309,8 @@ class RedisStore:
         reply = await self._scripts.run("source", keys, args)
         with reading("snapshot", reply):
             live, limit, mode, failures, paused_for, learned_rpm, learned_tpm = reply[:7]
-            by_class = reply[7:]
+            by_class = reply[7 : 7 + 3 * MAX_CLASSES]
+            by_tenant = reply[7 + 3 * MAX_CLASSES :]
             return SourceSnapshot(
                 name=source.name,
                 permits_in_use=int(live),
@@ -321,6 +323,15 @@ class RedisStore:
                 waiting=trimmed([int(n) for n in by_class[0::3]]),
                 recent_grants=trimmed([float(g) for g in by_class[1::3]]),
                 booked=trimmed([int(n) for n in by_class[2::3]]),
+                tenants=tuple(
+                    sorted(
+                        (
+                            TenantSnapshot(str(t), int(f), int(w), int(b))
+                            for t, f, w, b in zip(*[iter(by_tenant)] * 4, strict=True)
+                        ),
+                        key=lambda tenant: tenant.tenant,
+                    )
+                ),
             )
 
     # -- plumbing ------------------------------------------------------------------

@@ -10,7 +10,7 @@ from polygate_celery.cli import status
 from polygate_celery.cli.redaction import redis_address
 from polygate_celery.core.breaker import Effect
 from polygate_celery.core.outcome import RateLimits
-from polygate_celery.core.standing import Standing
+from polygate_celery.core.standing import PLAIN, Standing, TenantCaps, named_for
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Grant, Settlement
 from polygate_celery.store.redis import RedisStore
@@ -202,3 +202,37 @@ def test_status_shows_the_calls_waiting_in_each_class(cli: Cli, fleet: Fleet) ->
 def test_status_shows_no_classes_where_none_are_declared(cli: Cli, fleet: Fleet) -> None:
     ran = cli("status", "--config", fleet.path)
     assert "CLASS" not in ran.out
+
+
+async def tenants_busy(store: RedisStore) -> None:
+    """vllm full: acme holds 3 of its permits, beta 5; two of acme's calls wait, one of beta's."""
+    caps = TenantCaps(max_concurrency=3)
+    for i in range(8):
+        tenant, standing = (
+            ("acme", Standing(tenant="acme", caps=caps)) if i < 3 else ("beta", PLAIN)
+        )
+        request = AdmitRequest(
+            "summarise", (VLLM,), named_for(f"held-{i}", tenant), standing=standing
+        )
+        assert isinstance(await store.admit(request), Grant)
+    for name, tenant in (("w0", "acme"), ("w1", "acme"), ("w2", "beta")):
+        call = named_for(name, tenant)
+        await store.admit(
+            AdmitRequest("summarise", (VLLM,), f"ask-{name}", call_id=call, claim_s=60.0)
+        )
+
+
+def test_status_shows_each_tenants_calls_and_its_cap(cli: Cli, fleet: Fleet) -> None:
+    with open(fleet.path, "a", encoding="utf-8") as config:
+        config.write("\n[tenants.acme]\nmax_concurrency = 3\n")
+    fleet.run(tenants_busy)
+    ran = cli("status", "--config", fleet.path)
+    assert (ran.code, ran.err) == (0, "")
+    assert row(ran.out, "vllm", "beta") == ["vllm", "beta", "5", "1", "0"]  # the busiest first
+    assert row(ran.out, "acme") == ["acme", "3/3", "2", "0"]
+
+
+def test_status_shows_no_tenants_where_no_call_names_one(cli: Cli, fleet: Fleet) -> None:
+    fleet.run(busy_fleet)
+    ran = cli("status", "--config", fleet.path)
+    assert "TENANT" not in ran.out

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from polygate_celery.core.standing import Standing, TenantCaps
-from polygate_celery.core.terms import SourceTerms
-from polygate_celery.store import Denial, Grant
+from polygate_celery.core.standing import Standing, TenantCaps, named_for
+from polygate_celery.core.terms import QuotaTerms, SourceTerms
+from polygate_celery.store import Denial, Grant, TenantSnapshot
 from tests.unit.store.conftest import Harness
 
 SRC = SourceTerms("src", 8)
@@ -134,3 +134,23 @@ async def test_a_permit_handed_to_a_waiter_whose_tenant_reached_its_cap_goes_on(
     handed = await h.admit(source, waiter="w2", standing=tenant("v"), est_tokens=1000)
     assert isinstance(handed, Grant)
     assert held_t.source == handed.source == "src"
+
+
+async def test_a_snapshot_counts_each_tenants_calls_at_a_source_by_their_ids(
+    h: Harness,
+) -> None:
+    source = SourceTerms("src", 2)
+    await h.grant(source, permit_id=named_for("p1", "acme"))
+    await h.grant(source, permit_id=named_for("p2", "beta"))
+    for waiter, name in (("w1", "acme"), ("w2", "acme"), ("w3", "beta"), ("w4", "")):
+        await h.deny(source, waiter=named_for(waiter, name))
+    assert (await h.snapshot(source)).tenants == (
+        TenantSnapshot("acme", in_flight=1, waiting=2),
+        TenantSnapshot("beta", in_flight=1, waiting=1),
+    )
+    quota = SourceTerms("q", 8, quota=QuotaTerms("source:q", rpm=60))
+    while isinstance(answer := await h.admit(quota), Grant):
+        await h.settle(answer, quota)
+    booking = await h.deny(quota, waiter=named_for("w5", "acme"), book_within_s=300.0)
+    assert booking.booked_in_s is not None
+    assert (await h.snapshot(quota)).tenants == (TenantSnapshot("acme", booked=1),)

@@ -21,7 +21,8 @@
 --          snapshot: {live permits, permit limit, mode, failures, paused_for_s,
 --          learned rpm, learned tpm (0: none announced), then per class rank 0 to
 --          MAX_CLASSES - 1: its waiters, its recent grants (fc<rank>, "0" if none) and
---          its calls holding a quota slot booked ahead}
+--          its calls holding a quota slot booked ahead; then per tenant with calls
+--          there: its name, its live permits, its waiters, its slots booked ahead}
 -- resume deletes paused_until; reset deletes every field of the state hash (breaker,
 -- AIMD limit, which then starts again from its initial value, pause, last error) and keeps
 -- the permits, whose holders settle as usual, and the learned quota (the provider's).
@@ -71,5 +72,29 @@ for r = 0, classes - 1 do
   reply[#reply + 1] = redis.call('ZCOUNT', KEYS[3], fmt(r * span), top)
   reply[#reply + 1] = grants[r + 1] or '0'
   reply[#reply + 1] = booked[r] or 0
+end
+-- Per tenant, its calls told by their ids ("<id>/<tenant>", core.standing.named_for): its
+-- live permits (not those handed to a waiter), its waiters, its slots booked ahead.
+local tenants, names = {}, {}
+local function count(id, kind)
+  local t = string.match(id, '/([^/]+)$')
+  if t then
+    if not tenants[t] then tenants[t] = {0, 0, 0}; names[#names + 1] = t end
+    tenants[t][kind] = tenants[t][kind] + 1
+  end
+end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. fmt(now), '+inf')) do
+  if string.sub(id, 1, 1) ~= '~' then count(id, 1) end
+end
+for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  count(string.match(waiter, '^%S+ (%S+) ') or '', 2)
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. fmt(now), '+inf')) do
+  local call = string.match(member, '^@(%S+) ')
+  if call then count(call, 3) end
+end
+for _, t in ipairs(names) do
+  reply[#reply + 1] = t
+  for kind = 1, 3 do reply[#reply + 1] = tenants[t][kind] end
 end
 return reply
