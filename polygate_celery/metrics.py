@@ -11,7 +11,8 @@ Two parts, because they come from two places:
   which one exporter sums up.
 - `GovernanceCollector`, a custom collector that reads the store on each scrape:
   gauges of the fleet's governance state (permits, AIMD limits, breakers, pauses,
-  waiters by class, scope progress, parked backlog), the same whichever process reads it.
+  waiters by class and tenant, scope progress, parked backlog), the same whichever
+  process reads it.
 
 `serve(config, port)` runs both behind one HTTP endpoint, on the workers' host
 (``polygate-celery metrics --port 9464``, or ``python -m polygate_celery.metrics``).
@@ -55,6 +56,7 @@ from polygate_celery.governance.plan import source_terms
 from polygate_celery.store.base import SourceSnapshot, Store
 from polygate_celery.store.factory import store_from_config
 from polygate_celery.store.redis import RedisStore
+from polygate_celery.store.redis.lots import read_lots
 from polygate_celery.telemetry import (
     AttemptEvent,
     DeferralEvent,
@@ -244,22 +246,12 @@ class GovernanceCollector:
         return _Reading(sources, progress, parked)
 
     async def _read_parked(self, store: RedisStore) -> list[tuple[str, int, int]]:
-        """(app, parked, due now) per parking lot; due in Redis TIME, as the lot keeps it."""
-        client, keys = store.client, store.keys
-        apps = self._apps
-        if apps is None:
-            lead = keys.parked("")
-            found = {k[len(lead) :] async for k in client.scan_iter(match=f"{lead}*", count=1000)}
-            apps = tuple(sorted(a for a in found if not _lot_subkey(a)))
-        seconds, micros = await client.time()
-        now = seconds + micros / 1e6
-        parked = []
-        for app in apps:
-            lot = keys.parked(app)
-            parked.append(
-                (app, int(await client.zcard(lot)), int(await client.zcount(lot, "-inf", now)))
-            )
-        return parked
+        """(lot, parked, due now) per parking lot (of `apps`' when named: 0 for one with
+        none); due in Redis TIME, as the lot keeps it."""
+        lots = await read_lots(store, self._apps)
+        has = {lot.app.partition("@")[0] for lot in lots} | {lot.app for lot in lots}
+        empty = [(app, 0, 0) for app in self._apps or () if app not in has]
+        return [(lot.app, lot.parked, lot.due) for lot in lots] + empty
 
     def _families(self, reading: _Reading | None) -> list[Metric]:
         def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
@@ -288,6 +280,11 @@ class GovernanceCollector:
         per_class = "at a source, fleet-wide, by priority class"
         waiting = gauge("polygate_source_waiting", f"Calls awaiting permits {per_class}", *BY_CLASS)
         booked = gauge("polygate_source_booked", f"Quota slots booked ahead {per_class}", *BY_CLASS)
+        per_tenant = 'at a source, fleet-wide, by tenant (undeclared ones as "other")'
+        tenant_flying = gauge("polygate_tenant_in_flight", f"Calls holding permits {per_tenant}",
+                              "source", "tenant")  # fmt: skip
+        tenant_waiting = gauge("polygate_tenant_waiting", f"Calls awaiting permits {per_tenant}",
+                               "source", "tenant")  # fmt: skip
         progress = gauge(
             "polygate_scope_progress_age_seconds",
             "Seconds since a scope's last success (+Inf: none in the last hour)",
@@ -313,22 +310,25 @@ class GovernanceCollector:
                 waiting.add_metric([name, (*self._config.priorities, "")[rank]], count)
             for rank, count in enumerate(snap.booked):
                 booked.add_metric([name, (*self._config.priorities, "")[rank]], count)
+            by_tenant: dict[str, tuple[int, int]] = {}
+            for t in snap.tenants:
+                label = t.tenant if t.tenant in self._config.tenants else OTHER_TENANT
+                flying, waits = by_tenant.get(label, (0, 0))
+                by_tenant[label] = (flying + t.in_flight, waits + t.waiting)
+            for label, (flying, waits) in sorted(by_tenant.items()):
+                tenant_flying.add_metric([name, label], flying)
+                tenant_waiting.add_metric([name, label], waits)
         for scope, age in reading.progress if reading else ():
             progress.add_metric([scope], age)
         for app, size, ready in reading.parked if reading else ():
             parked.add_metric([app], size)
             due.add_metric([app], ready)
         sources = [up, in_use, limit, cap, breaker, failures, paused, waiting, booked]
+        sources += [tenant_flying, tenant_waiting]
         return [*sources, progress, parked, due]
 
 
 BY_CLASS = ("source", "priority")  # the labels of the gauges by priority class
-
-
-def _lot_subkey(name: str) -> bool:
-    """Whether `name` (after ``parked:``) is a lot's ``:msg``, ``:claim`` or ``:dead`` key."""
-    base, _, suffix = name.rpartition(":")
-    return bool(base) and suffix in {"msg", "claim", "dead"}
 
 
 @dataclass

@@ -46,6 +46,8 @@ What is exported:
     polygate_source_paused_seconds        seconds until a source's pause ends
     polygate_source_waiting               calls waiting for a source's permits, by class
     polygate_source_booked                calls holding a quota slot booked ahead, by class
+    polygate_tenant_in_flight             a tenant's calls holding a source's permits
+    polygate_tenant_waiting               a tenant's calls waiting for a source's permits
     polygate_scope_progress_age_seconds   seconds since a scope's last success
     polygate_parked_tasks                 deferred tasks in an app's parking lot
     polygate_parked_due_tasks             parked tasks already due

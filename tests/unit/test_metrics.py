@@ -17,6 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from polygate_celery import AllSourcesExhausted, GatewayConfig, SourceFatalError, parse_config
 from polygate_celery.celery import configure_worker
 from polygate_celery.celery.runtime import forget_config
+from polygate_celery.core.standing import named_for
 from polygate_celery.governance.plan import source_terms
 from polygate_celery.metrics import GovernanceCollector, PrometheusHook
 from polygate_celery.store import AdmitRequest, Grant, Store
@@ -273,6 +274,38 @@ async def test_the_collector_reports_the_calls_waiting_for_a_source_by_class(
         collector.close()
 
 
+async def test_the_collector_reports_each_declared_tenants_calls_and_the_others_summed(
+    store: Store, collector_store: Store
+) -> None:
+    config = parse_config(
+        {
+            "sources": {"a": {"max_concurrency": 3}},
+            "scopes": {"s": {"kind": "chat", "sources": ["a"]}},
+            "tenants": {"acme": {"weight": 2}},
+        }
+    )
+    terms = source_terms(config, "a")
+    for permit, tenant in [("p1", "acme"), ("p2", "acme"), ("p3", "customer-7")]:
+        request = AdmitRequest("s", (terms,), named_for(permit, tenant))
+        assert isinstance(await store.admit(request), Grant)
+    for call, tenant in [("w1", "acme"), ("w2", "customer-8"), ("w3", "customer-9")]:
+        waiting = AdmitRequest(
+            "s", (terms,), f"ask-{call}", call_id=named_for(call, tenant), claim_s=30.0,
+            queued=False, standing=config.standing(tenant=tenant),
+        )  # fmt: skip
+        assert not isinstance(await store.admit(waiting), Grant)
+    collector = GovernanceCollector(config, store=collector_store)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        assert value(registry, "polygate_tenant_in_flight", source="a", tenant="acme") == 2
+        assert value(registry, "polygate_tenant_in_flight", source="a", tenant="other") == 1
+        assert value(registry, "polygate_tenant_waiting", source="a", tenant="acme") == 1
+        assert value(registry, "polygate_tenant_waiting", source="a", tenant="other") == 2
+    finally:
+        collector.close()
+
+
 async def test_the_collector_reports_the_quota_slots_booked_at_a_source_by_class(
     store: Store, collector_store: Store
 ) -> None:
@@ -335,6 +368,33 @@ async def test_the_collector_reports_parking_lots(redis_url: str) -> None:
         found.close()
         named.close()
         await store.client.delete(lot, f"{lot}:msg")
+        await store.aclose()
+
+
+async def test_an_apps_lots_are_found_per_broker_and_a_scopes_index_is_no_lot(
+    redis_url: str,
+) -> None:
+    store = RedisStore.from_url(redis_url, prefix=unique_prefix())
+    lot = store.keys.parked("tasks@b1")  # as `celery.parking.lot_name` names a lot
+    seconds, _ = await store.client.time()
+    await store.client.zadd(lot, {"t1:1": seconds - 10})
+    await store.client.zadd(f"{lot}:scope:summarise", {"t1:1": seconds})
+    try:
+        for apps in (None, ["tasks"]):
+            reader = RedisStore.from_url(redis_url, prefix=store.keys.prefix)
+            collector = GovernanceCollector(make_config(), store=reader, apps=apps)
+            try:
+                samples = {
+                    sample.labels["app"]: sample.value
+                    for family in collector.collect()
+                    for sample in family.samples
+                    if sample.name == "polygate_parked_tasks"
+                }
+            finally:
+                collector.close()
+            assert samples == {"tasks@b1": 1}
+    finally:
+        await store.client.delete(lot, f"{lot}:scope:summarise")
         await store.aclose()
 
 

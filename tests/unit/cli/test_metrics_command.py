@@ -41,7 +41,7 @@ def test_the_help_names_every_metric_and_the_multiprocess_directory(
         assert out.startswith("usage: python -m polygate_celery.metrics")
     assert code == 0
     names = exported_names()
-    assert len(names) == 18
+    assert len(names) == 20
     for name in names:
         assert f"\n    {name} " in out, name
     for needed in ("PROMETHEUS_MULTIPROC_DIR", "--port", "--config", "--app", "9464"):
