@@ -458,6 +458,13 @@ MUTATIONS = (
 )
 
 
+# A mutant that sends a test into an endless wait is killed by it (as mutmut counts a
+# timeout), after this long per test (far above what the slowest selected test takes), and
+# after RUN_TIMEOUT_S for its tests together.
+TEST_TIMEOUT_S = 300.0
+RUN_TIMEOUT_S = 1200.0
+
+
 def run(mutation: Mutation, python: str) -> tuple[str, float, str]:
     """("killed" | "survived" | "not applied", seconds, the failing tests or why)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"mutant-{mutation.name}-"))
@@ -471,10 +478,15 @@ def run(mutation: Mutation, python: str) -> tuple[str, float, str]:
         target.write_text(text.replace(mutation.old, mutation.new), encoding="utf-8")
         started = time.monotonic()
         env = {**os.environ, "POLYGATE_TEST_REDIS": "private", "PYTHONPATH": str(scratch)}
-        result = subprocess.run(
-            [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutation.tests],
-            cwd=scratch, env=env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+        try:
+            result = subprocess.run(
+                [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                 f"--timeout={TEST_TIMEOUT_S:.0f}", *mutation.tests],
+                cwd=scratch, env=env, capture_output=True, text=True, check=False,
+                timeout=RUN_TIMEOUT_S,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return "killed", time.monotonic() - started, f"its tests ran over {RUN_TIMEOUT_S:.0f} s"
         seconds = time.monotonic() - started
         failed = [line.split()[1] for line in result.stdout.splitlines()
                   if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1]  # fmt: skip
