@@ -11,7 +11,7 @@ from redis.crc import key_slot
 
 from polygate_celery import GovernanceBackendError
 from polygate_celery.core.breaker import Effect
-from polygate_celery.core.standing import Standing, TenantCaps
+from polygate_celery.core.standing import Standing, TenantCaps, named_for
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import AdmitRequest, Denial, Grant, Settlement
 from polygate_celery.store.redis import KeySpace, RedisStore
@@ -122,6 +122,41 @@ async def test_a_capped_tenants_place_lapses_with_its_holders_lease(
     permits = store.keys.tenant_permits("a", "t")
     assert await store.client.zrange(permits, 0, -1) == ["p3"]
     assert 0 < await store.client.ttl(permits) <= 2 * 86400
+    await store.aclose()
+
+
+async def test_tenants_that_come_and_go_leave_the_sources_state_bounded(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """300 tenants (customer ids) each wait once at a source and are served: their last
+    tags, which the class's virtual time has passed, are swept from its state hash."""
+    store = RedisStore.from_url(redis_url, prefix=fleet_prefix)
+    source = SourceTerms("one", 1)
+    holder = await store.admit(AdmitRequest("s", (source,), "first"))
+    for i in range(300):
+        standing = Standing(tenant=f"customer-{i}")
+        call = named_for(f"call-{i}", standing.tenant)
+        asks = [
+            AdmitRequest(
+                "s",
+                (source,),
+                named_for(f"p{i}-{k}", standing.tenant),
+                10,
+                call_id=call,
+                claim_s=30.0,
+                standing=standing,
+            )
+            for k in (0, 1)
+        ]
+        assert isinstance(await store.admit(asks[0]), Denial)  # it waits: its tag is kept
+        assert isinstance(holder, Grant)
+        await store.settle(
+            Settlement("s", source, holder.permit_id, holder.admitted_at, Effect.SUCCESS)
+        )
+        holder = await store.admit(asks[1])  # handed the permit: served
+    fields = await store.client.hkeys(store.keys.state("one"))
+    assert len(fields) <= 64 + 2, sorted(fields)
+    assert "ff0:customer-299" in fields  # (the last one's tag: its class has not moved on)
     await store.aclose()
 
 

@@ -448,6 +448,14 @@ MUTATIONS = (
         ("tests/unit/store/test_store_contract_tenant_caps.py",),
     ),
     Mutation(
+        "tenant-tags-swept",
+        "tenants' tags their class's virtual time has reached are swept from the state hash",
+        "polygate_celery/store/redis/lua/settle.lua",
+        "if redis.call('HLEN', skey) > SWEEP_ABOVE then\n",
+        "if false then\n",
+        ("tests/integration/test_redis_store.py",),
+    ),
+    Mutation(
         "tenant-capped-stalls",
         "a call held back by its tenant's caps alone for its stall window is stalled",
         "polygate_celery/core/engine/rounds.py",

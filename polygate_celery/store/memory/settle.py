@@ -87,6 +87,9 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
         return False
     if held and settlement.standing is not PLAIN:  # the tenant's share counts tokens used
         _correct(state, settlement)
+    if held:
+        state.fair.sweep()
+        state.quota_fair.sweep()
     state.breaker = breaker_settle(
         state.breaker, terms.breaker, now, settlement.permit_id, settlement.effect
     )

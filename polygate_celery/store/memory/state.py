@@ -32,6 +32,9 @@ from polygate_celery.store.releases import ReleaseHub
 # A booking's tag when its call has no tenant (tags are never negative).
 NO_TAG = -1.0
 
+# Tenants' last tags kept before those behind their class's virtual time are forgotten.
+SWEEP_ABOVE = 64
+
 
 @dataclass
 class Fair:
@@ -42,6 +45,15 @@ class Fair:
     finish: dict[tuple[int, str], float] = field(default_factory=dict)
     counts: dict[int, float] = field(default_factory=dict)
     floors: tuple[float, ...] = ()
+
+    def sweep(self) -> None:
+        """Forget the tenants' last tags their class's virtual time has reached (they count
+        as none, `core.standing.tag`), once more than `SWEEP_ABOVE` are kept: tenants that
+        come and go leave nothing behind (as settle.lua sweeps its state hash)."""
+        if len(self.finish) > SWEEP_ABOVE:
+            for key, tag_ in list(self.finish.items()):
+                if tag_ <= self.virtual.get(key[0], 0.0):
+                    del self.finish[key]
 
 
 @dataclass

@@ -14,7 +14,9 @@
 --                                            lrpm lreq ltpm ltok ltsince lseen; the
 --                                            provider's window lwend lwleft lwseen; error
 --                                            (the source's last error: see ARGV[15]),
---                                            opened_at (when the breaker last opened)
+--                                            opened_at (when the breaker last opened);
+--                                            fair queuing (standing.lua), swept of
+--                                            stale tenants' tags (fsweep: the cursor)
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
 -- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
@@ -78,6 +80,7 @@
 local LEARNED_TTL_S, EVIDENCE_S, GATE_KEPT_S = tonumber(ARGV[30]), tonumber(ARGV[31]),
   tonumber(ARGV[32])
 local RANK_SPAN, DECAY = tonumber(ARGV[33]), tonumber(ARGV[34])
+local SWEEP_ABOVE = 64  -- fields of the state hash before tenants' stale tags are swept
 
 
 local permit = ARGV[2]
@@ -265,6 +268,23 @@ if tpm > 0 and est > 0 then
     local tok = tonumber(redis.call('HGET', KEYS[3], 'tok') or '-1e300')
     redis.call('HSET', KEYS[3], 'tok', tok + delta)
   end
+end
+
+-- Tenants that come and go (customer ids) leave no fields behind: a tenant's last tag
+-- its class's virtual time has reached counts as none (standing.lua's tag_of), so once
+-- the state hash holds more than SWEEP_ABOVE fields, each settle drops those among the
+-- next few (an HSCAN cursor kept in the hash, fsweep).
+if redis.call('HLEN', skey) > SWEEP_ABOVE then
+  local found = redis.call('HSCAN', skey, redis.call('HGET', skey, 'fsweep') or '0', 'MATCH',
+    '?f*:*', 'COUNT', 32)
+  for k = 1, #found[2], 2 do
+    local kind, r = string.match(found[2][k], '^([fq])f(%d+):')
+    local virtual = kind and redis.call('HGET', skey, kind .. 'v' .. r)
+    if kind and tonumber(found[2][k + 1]) <= tonumber(virtual or '0') then
+      redis.call('HDEL', skey, found[2][k])
+    end
+  end
+  redis.call('HSET', skey, 'fsweep', found[1])
 end
 
 -- hand the freed permit to the live waiter served next (serving.lua), if the source
