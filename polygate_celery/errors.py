@@ -65,6 +65,8 @@ class AllSourcesExhausted(GatewayUnavailableError):
         starved_class: The call's priority class, when it stalled while the scope
             served other classes (its class made no progress, the scope did: SPEC
             §8); None for any other verdict, an outage's stall included.
+        capped_tenant: The call's tenant, when it stalled held back by its tenant's own
+            caps alone (SPEC §8): the scope is not out; None otherwise.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class AllSourcesExhausted(GatewayUnavailableError):
         trail: Sequence[AttemptRecord | dict[str, Any]] = (),
         rate_limited: bool = False,
         starved_class: str | None = None,
+        capped_tenant: str | None = None,
     ) -> None:
         if reason not in _REASONS:
             raise ValueError(f"unknown AllSourcesExhausted reason {reason!r}")
@@ -88,6 +91,7 @@ class AllSourcesExhausted(GatewayUnavailableError):
         self.trail = _trail(trail)
         self.rate_limited = bool(rate_limited)
         self.starved_class = starved_class
+        self.capped_tenant = capped_tenant
         super().__init__(
             reason,
             scope,

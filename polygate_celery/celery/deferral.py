@@ -207,8 +207,10 @@ def defer(
     entry = guard.run.deferred().key
     # An outage's deferral (not a wait for rate limits to reset) is indexed by its scope:
     # the scope's next success makes it due at once (`Lot.wake`); a class's starved by
-    # others, by its scope and class: a success of that class's (the others' do not).
-    outage = scope if reason == "stalled" and not step.reset else None
+    # others, by its scope and class: a success of that class's (the others' do not). A
+    # task its tenant's caps held back is no outage's: it waits out its delay.
+    capped = getattr(verdict, "capped_tenant", None) is not None
+    outage = scope if reason == "stalled" and not step.reset and not capped else None
     starved_class = getattr(verdict, "starved_class", None)
     if outage is not None and starved_class is not None:
         outage = starved_index(outage, starved_class)

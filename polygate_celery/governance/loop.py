@@ -163,10 +163,11 @@ class GovernedCall:
             result = await self._drive()
         except AllSourcesExhausted as exc:
             stalled = exc.reason == "stalled"
-            if stalled and self.progress_rank is not None:  # by its class: starved?
+            capped = exc.capped_tenant is not None  # its tenant's caps, not the scope
+            if stalled and self.progress_rank is not None and not capped:  # starved?
                 exc.starved_class = await verdicts.starved(self.rt, self.plan, self.priority)
             self._emit_verdict(exc.reason, exc.retry_after_s)
-            gate = stalled and self.rt.scope_gate and not self.state.gated
+            gate = stalled and self.rt.scope_gate and not self.state.gated and not capped
             if gate and exc.starved_class is None:  # an outage
                 error = self.state.last_error
                 await verdicts.close_gate(self.rt, self.plan, self.call_id, exc, error)
@@ -224,7 +225,7 @@ class GovernedCall:
         if isinstance(action, engine.Return):
             return self._result(action.source, action.outcome)
         if isinstance(action, engine.GiveUp):
-            raise verdicts.exhausted(self.plan, self.state, action)
+            raise verdicts.exhausted(self.plan, self.state, action, self.standing.tenant)
         assert isinstance(action, engine.Fail)
         raise verdicts.fatal(self.plan, self.state, action)
 

@@ -16,7 +16,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("polygate_celery")
 
 
-def exhausted(plan: ScopePlan, state: CallState, verdict: GiveUp) -> AllSourcesExhausted:
+def exhausted(
+    plan: ScopePlan, state: CallState, verdict: GiveUp, tenant: str = ""
+) -> AllSourcesExhausted:
+    """The verdict's exception; `tenant`, the call's (named where its caps stalled it)."""
     return AllSourcesExhausted(
         verdict.reason,
         plan.name,
@@ -25,6 +28,7 @@ def exhausted(plan: ScopePlan, state: CallState, verdict: GiveUp) -> AllSourcesE
         last_error=state.last_error,
         trail=state.trail,
         rate_limited=verdict.rate_limited,
+        capped_tenant=tenant if verdict.capped else None,
     )
 
 

@@ -456,6 +456,22 @@ MUTATIONS = (
         ("tests/integration/test_redis_store.py",),
     ),
     Mutation(
+        "tenant-capped-gate-open",
+        "a call its tenant's caps stalled closes no scope gate: it is no outage",
+        "polygate_celery/governance/loop.py",
+        " and not self.state.gated and not capped\n",
+        " and not self.state.gated\n",
+        ("tests/unit/governance/test_tenant_caps.py",),
+    ),
+    Mutation(
+        "tenant-capped-no-outage",
+        "a task its tenant's caps stalled waits out its delay, not as its scope's outage",
+        "polygate_celery/celery/deferral.py",
+        '    outage = scope if reason == "stalled" and not step.reset and not capped else None\n',
+        '    outage = scope if reason == "stalled" and not step.reset else None\n',
+        ("tests/celery/test_tenant_caps.py",),
+    ),
+    Mutation(
         "tenant-capped-stalls",
         "a call held back by its tenant's caps alone for its stall window is stalled",
         "polygate_celery/core/engine/rounds.py",

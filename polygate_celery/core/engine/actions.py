@@ -106,11 +106,13 @@ class Return:
 
 @message
 class GiveUp:
-    """Verdict: `AllSourcesExhausted(reason)`, with the scope's reopening estimate."""
+    """Verdict: `AllSourcesExhausted(reason)`, with the scope's reopening estimate;
+    `capped`: stalled by its tenant's own caps alone (SPEC §8), not by the scope."""
 
     reason: Literal["stalled", "retry_exhausted", "fail_fast", "deadline"]
     retry_after_s: float
     rate_limited: bool
+    capped: bool = False
 
 
 @message

@@ -38,7 +38,10 @@ Reason = Literal["stalled", "retry_exhausted", "fail_fast", "deadline"]
 
 def give_up(state: CallState, now: float, reason: Reason) -> Step:
     rate_limited = state.reopen_is_reset and state.reopening_known(now)
-    return Step(state, GiveUp(reason, state.retry_after_s(now), rate_limited))
+    # stalled while its tenant's caps alone refused it (since its last grant): not the scope
+    refusal = state.refusal if state.refused else None
+    capped = reason == "stalled" and refusal is not None and _capped_alone(refusal)
+    return Step(state, GiveUp(reason, state.retry_after_s(now), rate_limited, capped))
 
 
 def check_stall(state: CallState, now: float, phase: Phase) -> Step | None:

@@ -87,3 +87,23 @@ async def test_a_call_held_back_by_its_tenants_cap_for_its_stall_window_is_stall
     assert caught.value.retry_after_s == pytest.approx(30.0)  # no known end: the window
     await asyncio.gather(first, *others)
     await gw.aclose()
+
+
+async def test_a_call_its_tenants_cap_stalled_leaves_the_scope_open_to_the_others(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """A caller that parks closes its scope's gate on a stalled verdict (`scope_gate`), an
+    outage's; a call its tenant's caps stalled is no outage: the gate stays open."""
+    long = ScriptedSource(clock, [steps.ok(duration_s=500.0), *[steps.ok(duration_s=1.0)] * 5])
+    config = capped(stall_window_s=30.0, max_concurrency=1)
+    gw = gateway(config, {"a": long}, scope_gate=True)
+    first = asyncio.ensure_future(gw.call("s", "acme-long", tenant="acme"))
+    await clock.sleep(0.5)
+    with pytest.raises(AllSourcesExhausted) as caught:
+        await gw.call("s", "acme-waits", tenant="acme")
+    assert (caught.value.reason, caught.value.capped_tenant) == ("stalled", "acme")
+    assert caught.value.starved_class is None
+    await gw.call("s", "beta", tenant="beta")  # at once: no gate closed
+    assert clock.now() < 30.5 + 2.0
+    first.cancel()
+    await gw.aclose()
