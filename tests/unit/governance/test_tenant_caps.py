@@ -103,7 +103,8 @@ async def test_a_call_its_tenants_cap_stalled_leaves_the_scope_open_to_the_other
         await gw.call("s", "acme-waits", tenant="acme")
     assert (caught.value.reason, caught.value.capped_tenant) == ("stalled", "acme")
     assert caught.value.starved_class is None
-    await gw.call("s", "beta", tenant="beta")  # at once: no gate closed
+    # at once, all of them: no gate closed (which would let one through, as its probe)
+    await asyncio.gather(*(gw.call("s", f"beta{i}", tenant="beta") for i in range(3)))
     assert clock.now() < 30.5 + 2.0
     first.cancel()
     await gw.aclose()
