@@ -98,11 +98,20 @@ async def settle(
         return True
 
 
-async def release(rt: Runtime, plan: ScopePlan, grant: Grant, est_tokens: int) -> None:
-    """Give the permit back after an attempt that did not finish (e.g. cancelled)."""
+async def release(
+    rt: Runtime, plan: ScopePlan, grant: Grant, est_tokens: int, standing: Standing = PLAIN
+) -> None:
+    """Give the permit back after an attempt that did not finish (e.g. cancelled): its
+    estimate is refunded, to the quotas and to its tenant (`standing`) alike."""
     terms, permit, admitted_at = plan.terms[grant.source], grant.permit_id, grant.admitted_at
     settlement = Settlement(
-        plan.name, terms, permit, admitted_at, Effect.NEUTRAL, est_tokens=est_tokens
+        plan.name,
+        terms,
+        permit,
+        admitted_at,
+        Effect.NEUTRAL,
+        est_tokens=est_tokens,
+        standing=standing,
     )
     released = asyncio.ensure_future(rt.store.settle(settlement))
     try:

@@ -299,7 +299,7 @@ class GovernedCall:
             with self._lease:
                 return engine.Sent(await attempts.send(rt, plan, self.payload, action))
         except BaseException:
-            await attempts.release(rt, plan, grant, self.est_tokens)
+            await attempts.release(rt, plan, grant, self.est_tokens, self.standing)
             raise
 
     def _check_lease(self, grant: Grant, outcome: Outcome, kept: bool) -> None:

@@ -160,6 +160,34 @@ async def test_tenants_that_come_and_go_leave_the_sources_state_bounded(
     await store.aclose()
 
 
+async def test_a_caller_booking_a_slot_passes_over_a_waiters_claim_among_the_bookings(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """A source's alive set holds the claims of calls waiting for its permits beside the
+    quota slots booked there: a caller that may take a booked slot reads only the latter
+    (a claim read as a booking failed the admission)."""
+    from polygate_celery.testing import VirtualClock  # noqa: PLC0415
+
+    clock = VirtualClock()
+    store = RedisStore.from_url(redis_url, prefix=fleet_prefix, lease_s=1.0, clock=clock)
+    terms = SourceTerms("q", 1, quota=QuotaTerms("source:q", tpm=6000))
+    # the permit held by a call that spends the bucket's burst, then dies
+    assert isinstance(await store.admit(AdmitRequest("s", (terms,), "h", 6000)), Grant)
+    waiter = AdmitRequest("s", (terms,), "w-1", call_id="w", claim_s=30.0)  # no tokens
+    refused = await store.admit(waiter)
+    assert isinstance(refused, Denial)
+    assert refused.blocked == (("q", "at_capacity"),)  # queued: its claim in the alive set
+    clock.advance(1.5)  # the holder's lease lapsed: the quota alone refuses the next caller
+    caller = AdmitRequest(
+        "s", (terms,), "c-1", 200, call_id="c", claim_s=3.0, book_within_s=300.0,
+        standing=Standing(tenant="t"),
+    )  # fmt: skip
+    booked = await store.admit(caller)
+    assert isinstance(booked, Denial)
+    assert booked.booked_in_s is not None
+    await store.aclose()
+
+
 async def test_a_connection_the_server_closed_is_replaced_before_the_next_call(
     fleet_prefix: str,
 ) -> None:

@@ -440,6 +440,22 @@ MUTATIONS = (
         ("tests/unit/store/test_store_contract_tenant_caps.py",),
     ),
     Mutation(
+        "tenant-cap-hands-on-room",
+        "a capped waiter's permit is not handed on where the source has no room (Redis)",
+        "polygate_celery/store/redis/lua/admit.lua",
+        " and not by_health and reasons[1] ~= 'at_capacity' then\n",
+        " and not by_health then\n",
+        ("tests/unit/store/test_store_contract_tenant_caps.py",),
+    ),
+    Mutation(
+        "booking-passes-over-claims",
+        "a caller that may take a booked slot reads the bookings, not the waiters' claims",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "      for _, d in ipairs(r and tokens or NONE) do\n",
+        "      for _, d in ipairs(tokens) do\n",
+        ("tests/integration/test_redis_store.py",),
+    ),
+    Mutation(
         "tenant-caps-say",
         "a tenant at its max_concurrency is refused (core, the memory store)",
         "polygate_celery/core/standing.py",

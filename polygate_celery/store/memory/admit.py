@@ -23,6 +23,9 @@ from polygate_celery.store.memory.state import NO_TAG, Ledger, SourceState, Tena
 # The refusals that say something of the source's health: a refused call is told its
 # last error (`Denial.errors`).
 _HEALTH_BLOCKS: frozenset[BlockReason] = frozenset({"paused", "breaker_open", "probe_in_flight"})
+# A permit handed to a waiter its tenant's caps refuse goes on to the next waiter, unless
+# the source could not run it (its health, or its limit fallen since the hand-over).
+_HANDS_ON_NOT: frozenset[BlockReason] = _HEALTH_BLOCKS | {"at_capacity"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,7 @@ def admit(ledger: Ledger, request: AdmitRequest, now: float) -> AdmitResult:
         say = _consider(ledger, terms, state, booking, request, now)
         if not say.reasons:
             return _grant(ledger, terms, state, say, booking, request, waiter, now)
-        if mine and "tenant_cap" in say.reasons and _HEALTH_BLOCKS.isdisjoint(say.reasons):
+        if mine and "tenant_cap" in say.reasons and _HANDS_ON_NOT.isdisjoint(say.reasons):
             ledger.hand_on(terms.name, state, now)  # its tenant's cap: the next waiter's
         if waiter is not None and not mine and say.reasons == ("at_capacity",):
             # joins the queue (or keeps its place) and renews its claim

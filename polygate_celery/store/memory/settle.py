@@ -101,14 +101,7 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
     elif settlement.congested:
         state.aimd = aimd_on_congestion(state.aimd, terms.aimd, settlement.admitted_at, now)
     state.permits.discard(settlement.permit_id)
-    caps = settlement.standing.caps
-    hold = state.tenants.get(settlement.standing.tenant) if caps is not None else None
-    if hold is not None:  # its tenant's: one fewer in flight, its tokens as used
-        hold.permits.discard(settlement.permit_id)
-        if caps is not None and caps.tpm and settlement.est_tokens > 0:
-            hold.token_tat = gcra_settle(
-                hold.token_tat, settlement.est_tokens, settlement.used_tokens, caps.tpm
-            )
+    _release_tenant(state, settlement, now)
     quota = terms.quota
     if quota is not None and quota.tpm is not None and settlement.est_tokens > 0:
         quota_state = ledger.quota(quota.name)
@@ -120,6 +113,21 @@ def _record(ledger: Ledger, settlement: Settlement, now: float) -> bool:
     if runnable and state.in_use(now) < ledger.limit(state, terms):
         ledger.hand_on(terms.name, state, now)
     return True
+
+
+def _release_tenant(state: SourceState, settlement: Settlement, now: float) -> None:
+    """A call of a tenant with caps: one fewer in flight, its tokens counted as used (as
+    settle.lua); tenants idle long enough are forgotten."""
+    caps = settlement.standing.caps
+    hold = state.tenants.get(settlement.standing.tenant) if caps is not None else None
+    if caps is None or hold is None:
+        return
+    hold.permits.discard(settlement.permit_id)
+    if caps.tpm and settlement.est_tokens > 0:
+        hold.token_tat = gcra_settle(
+            hold.token_tat, settlement.est_tokens, settlement.used_tokens, caps.tpm
+        )
+    state.forget_idle_tenants(now)
 
 
 def _correct(state: SourceState, settlement: Settlement) -> None:

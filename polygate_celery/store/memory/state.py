@@ -101,6 +101,15 @@ class SourceState:
     error: str | None = None
     opened_at: float | None = None
 
+    def forget_idle_tenants(self, now: float) -> None:
+        """Once more than `SWEEP_ABOVE` tenants are on record, forget those with no call in
+        flight whose buckets have refilled: as fresh ones (the Redis keys expire alike)."""
+        if len(self.tenants) > SWEEP_ABOVE:
+            for tenant, hold in list(self.tenants.items()):
+                idle = not hold.in_flight(self.permits)
+                if idle and max(hold.request_tat, hold.token_tat) <= now:
+                    del self.tenants[tenant]
+
     def booking(self, call_id: str, now: float) -> list[float] | None:
         """The call's booking here, unless it lapsed (then it is dropped)."""
         booking = self.booked.get(call_id)

@@ -207,7 +207,7 @@ class _Commands:
         # an id is not reused while it is cached): a dictionary look-up per call.
         self._admit_commands: dict[tuple[object, ...], tuple[tuple[SourceTerms, ...], Command]]
         self._admit_commands = {}
-        self._settle_commands: dict[tuple[str, int, str], tuple[SourceTerms, Command]] = {}
+        self._settle_commands: dict[tuple[object, ...], tuple[SourceTerms, Command]] = {}
 
     def _encoded(self, terms: SourceTerms) -> _Encoded:
         """A source's keys and packed terms, built once per distinct terms."""
@@ -256,7 +256,7 @@ class _Commands:
         tenant's keys there, with its tpm cap, for a call whose tenant has caps)."""
         caps = standing.caps
         tenant = standing.tenant if caps is not None else ""
-        key = (scope, id(terms), tenant)
+        key = (scope, id(terms), tenant, caps.tpm if caps is not None else None)
         cached = self._settle_commands.get(key)
         if cached is not None:
             return cached[1]

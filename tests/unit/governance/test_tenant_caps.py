@@ -108,3 +108,21 @@ async def test_a_call_its_tenants_cap_stalled_leaves_the_scope_open_to_the_other
     assert clock.now() < 30.5 + 2.0
     first.cancel()
     await gw.aclose()
+
+
+async def test_a_cancelled_attempt_gives_its_tokens_back_to_its_tenant(
+    clock: VirtualClock, gateway: GatewayFactory
+) -> None:
+    """An attempt that did not finish used none of its estimate: the tenant's tpm gets it
+    back, as the source's quota does."""
+    source = ScriptedSource(clock, [steps.ok(duration_s=100.0), steps.ok(duration_s=1.0)])
+    gw = gateway(capped(tpm=6000), {"a": source})  # 100 tokens a second
+    cancelled = asyncio.ensure_future(gw.call("s", "first", tenant="acme", est_tokens=3000))
+    await clock.sleep(1.0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    started = clock.now()
+    await gw.call("s", "second", tenant="acme", est_tokens=5000)  # room for it at once
+    assert source.journal[-1].at - started < 1.0
+    await gw.aclose()

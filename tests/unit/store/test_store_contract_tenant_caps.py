@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from polygate_celery.core.breaker import Effect
 from polygate_celery.core.standing import Standing, TenantCaps, named_for
 from polygate_celery.core.terms import QuotaTerms, SourceTerms
 from polygate_celery.store import Denial, Grant, TenantSnapshot
@@ -154,3 +155,30 @@ async def test_a_snapshot_counts_each_tenants_calls_at_a_source_by_their_ids(
     booking = await h.deny(quota, waiter=named_for("w5", "acme"), book_within_s=300.0)
     assert booking.booked_in_s is not None
     assert (await h.snapshot(quota)).tenants == (TenantSnapshot("acme", booked=1),)
+
+
+async def test_a_capped_waiters_permit_is_not_handed_on_where_the_source_has_no_room(
+    h: Harness,
+) -> None:
+    """Its source's limit fell since the hand-over (a 429): the permit is not passed to the
+    next waiter, who keeps its place in the queue."""
+    source = SourceTerms("src", 4)
+    t = Standing(tenant="t", weight=100.0, caps=TenantCaps(max_concurrency=2))  # served first
+    a = await h.grant(source, standing=t)
+    held = [await h.grant(source, standing=tenant("u")) for _ in range(3)]
+    for waiter, standing, tokens in (("w0", t, 10), ("w1", t, 10), ("w2", tenant("v"), 10)):
+        denial = await h.deny(source, waiter=waiter, standing=standing, est_tokens=tokens)
+        assert denial.blocked == (("src", "at_capacity"),)
+    for grant in held[:2]:
+        await h.settle(grant, source, standing=tenant("u"))  # handed to w0, then w1
+    assert isinstance(await h.admit(source, waiter="w0", standing=t, est_tokens=10), Grant)
+    await h.settle(held[2], source, Effect.NEUTRAL, congested=True)  # the limit: 4 -> 2
+    denial = await h.deny(source, waiter="w1", standing=t, est_tokens=10)
+    assert denial.blocked == (("src", "at_capacity"),)  # and its tenant at its cap
+    denial = await h.deny(source, waiter="w2", standing=tenant("v"), est_tokens=10)
+    assert denial.blocked == (("src", "at_capacity"),)  # nothing handed to it: no room
+    await h.settle(a, source, Effect.NEUTRAL, standing=t)  # room for one: w2's, before w3
+    denial = await h.deny(source, waiter="w3", standing=tenant("w"), est_tokens=20)
+    assert denial.blocked == (("src", "at_capacity"),)
+    handed = await h.admit(source, waiter="w2", standing=tenant("v"), est_tokens=10)
+    assert isinstance(handed, Grant)

@@ -270,7 +270,7 @@ for i = 1, n do
     -- A permit handed to it that it cannot use (the source paused since, say) is freed
     -- (above): the others would be refused alike, and poll; held back by its tenant's
     -- caps alone, it goes on to the next waiter (told by a message, even here).
-    if mine and capped and capped.refused and not by_health then
+    if mine and capped and capped.refused and not by_health and reasons[1] ~= 'at_capacity' then
       -- include: handover
       hand_on(pkey, KEYS[6 * i - 1], KEYS[6 * i], skey, redis.call('HGET', skey, 'ffloors'),
         now, ARGV[13], name, '', {})

@@ -91,9 +91,10 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
       if r and r ~= rank and first[r] == nil then  -- (a plain caller takes no other's)
         first[r] = not plain and slot_goes_to(rank, r, credits, fl) == rank
       end
-      -- how much later than the slot the bucket has room for this caller's tokens
+      -- how much later than the slot the bucket has room for this caller's tokens (a
+      -- waiter's claim in the alive set, not a booking, is passed over)
       local shift = 0
-      for _, d in ipairs(tokens) do
+      for _, d in ipairs(r and tokens or NONE) do
         shift = math.max(shift, charge_s(est, d[3]) - charge_s(tonumber(booker_est), d[3]))
       end
       local which = nil
