@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -149,6 +150,53 @@ async def run_fleet(
         float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user")
     )
     return FleetRun(results, elapsed, redis_cpu, commands)
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """A fleet's run against one simulated model: the fleet's figures, and the provider's
+    journal (its clock, seconds since it started, is `epoch` in epoch seconds)."""
+
+    fleet: FleetRun
+    journal: list[Any]
+    epoch: float
+
+    @property
+    def began(self) -> float:
+        """When the first worker began (epoch seconds)."""
+        return min(r["began"] for r in self.fleet.results)
+
+    @property
+    def refusals(self) -> int:
+        """The provider's 429s."""
+        return sum(1 for e in self.journal if e.outcome.startswith("429"))
+
+    def summary(self) -> str:
+        """The workers' verdicts, the provider's 429s and what an acquisition cost."""
+        results = self.fleet.results
+        verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
+        refused = sum(r["admits"] - r["granted"] for r in results)
+        grants = max(1, sum(r["granted"] for r in results))
+        return (
+            f"Verdicts: {dict(sorted(verdicts.items()))}; provider 429s {self.refusals}; refused "
+            f"admissions per acquisition {refused / grants:.2f}; Redis commands per "
+            f"acquisition {self.fleet.total_commands / grants:.1f}, Redis CPU per acquisition "
+            f"{1000 * self.fleet.redis_cpu_s / grants:.2f} ms."
+        )
+
+
+async def run_on_simulator(
+    script: str, url: str, model: str, behaviour: Any, spec: dict[str, Any], processes: int
+) -> SimulatedRun:
+    """`run_fleet` with a simulated provider of `model` (`behaviour`), its URL in the spec
+    (``base_url``)."""
+    from polygate_celery.testing.simulator import SimulatedProvider  # noqa: PLC0415
+
+    with SimulatedProvider({model: behaviour}) as provider:
+        fleet = await run_fleet(script, url, {**spec, "base_url": provider.url}, processes)
+        journal = provider.journal
+        epoch = time.time() - provider.since_start()
+    return SimulatedRun(fleet, journal, epoch)
 
 
 def chat_config(base_url: str, model: str, cap: int, rpm: int) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from benchmarks._fleet import (  # noqa: E402
     fleet_args,
     ready_then_wait,
     report_on_a_private_redis,
-    run_fleet,
+    run_on_simulator,
 )
 
 CAP, TPM = 8, 60_000
@@ -174,30 +174,20 @@ def plot(
 
 
 async def run(url: str, args: argparse.Namespace) -> str:
-    from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider  # noqa: PLC0415
+    from polygate_celery.testing.simulator import ModelBehaviour  # noqa: PLC0415
 
-    run_id = uuid.uuid4().hex[:8]
+    spec = {
+        "prefix": f"fair-{uuid.uuid4().hex[:8]}",
+        "processes": args.processes,
+        "callers": args.callers,
+        "warmup_s": args.warmup_s,
+        "window_s": args.window_s,
+        "windows": args.windows,
+    }
     behaviour = ModelBehaviour(capacity=CAP, tpm=TPM, rate_limiter="bucket", latency_s=LATENCY_S)
-    with SimulatedProvider({"fair-model": behaviour}) as provider:
-        spec = {
-            "base_url": provider.url,
-            "prefix": f"fair-{run_id}",
-            "processes": args.processes,
-            "callers": args.callers,
-            "warmup_s": args.warmup_s,
-            "window_s": args.window_s,
-            "windows": args.windows,
-        }
-        fleet = await run_fleet(__file__, url, spec, args.processes)
-        journal = provider.journal
-        epoch = time.time() - provider.since_start()  # the journal's clock, as epoch seconds
-    results = fleet.results
-    began = min(r["began"] for r in results)
-    served = served_tokens(journal, epoch)
-    refusals = sum(1 for e in journal if e.outcome.startswith("429"))
-    verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
-    refused = sum(r["admits"] - r["granted"] for r in results)
-    grants = sum(r["granted"] for r in results)
+    ran = await run_on_simulator(__file__, url, "fair-model", behaviour, spec, args.processes)
+    began = ran.began
+    served = served_tokens(ran.journal, ran.epoch)
     total_weight = sum(w for w, _ in TENANTS.values())
     lines = [
         f"# Tenants' fair share of a token quota ({args.label})",
@@ -247,15 +237,12 @@ async def run(url: str, args: argparse.Namespace) -> str:
         f"b's share of the two {100 * b_share:.1f} % (target 2:5, 28.6 %; {100 * b_off:+.1f} %), "
         f"quota used {100 * pair / (TPM * rest / 60):.0f} %.",
         "",
-        f"Verdicts: {dict(sorted(verdicts.items()))}; provider 429s {refusals}; refused "
-        f"admissions per acquisition {refused / max(1, grants):.2f}; Redis commands per "
-        f"acquisition {fleet.total_commands / max(1, grants):.1f}, Redis CPU per acquisition "
-        f"{1000 * fleet.redis_cpu_s / max(1, grants):.2f} ms.",
+        ran.summary(),
     ]
     if abs(b_off) > TOLERANCE:
         failed.append(f"a idle: b's share {100 * b_off:+.1f} % off 2:5")
-    if refusals:
-        failed.append(f"{refusals} provider refusals")
+    if ran.refusals:
+        failed.append(f"{ran.refusals} provider refusals")
     if args.plot:
         marks = [start + k * args.window_s for k in range(args.windows + 1)] + [last_a]
         if plot(served, began, marks, Path(args.plot)):

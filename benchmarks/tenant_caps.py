@@ -39,7 +39,7 @@ from benchmarks._fleet import (  # noqa: E402
     fleet_args,
     ready_then_wait,
     report_on_a_private_redis,
-    run_fleet,
+    run_on_simulator,
 )
 
 CAP = 16
@@ -141,28 +141,18 @@ def worst_over(arrivals: list[tuple[float, int]], per_minute: int) -> float:
 
 
 async def run(url: str, args: argparse.Namespace) -> str:
-    from polygate_celery.testing.simulator import ModelBehaviour, SimulatedProvider  # noqa: PLC0415
+    from polygate_celery.testing.simulator import ModelBehaviour  # noqa: PLC0415
 
-    run_id = uuid.uuid4().hex[:8]
+    spec = {
+        "prefix": f"caps-{uuid.uuid4().hex[:8]}",
+        "processes": args.processes,
+        "callers": args.callers,
+        "seconds": args.seconds,
+    }
     behaviour = ModelBehaviour(capacity=CAP, latency_s=LATENCY_S)
-    with SimulatedProvider({"caps-model": behaviour}) as provider:
-        spec = {
-            "base_url": provider.url,
-            "prefix": f"caps-{run_id}",
-            "processes": args.processes,
-            "callers": args.callers,
-            "seconds": args.seconds,
-        }
-        fleet = await run_fleet(__file__, url, spec, args.processes)
-        journal = provider.journal
-        epoch = time.time() - provider.since_start()  # the journal's clock, as epoch seconds
-    results = fleet.results
-    began = min(r["began"] for r in results)
-    requests = served(journal, epoch)
-    refusals = sum(1 for e in journal if e.outcome.startswith("429"))
-    verdicts = sum((Counter(r["verdicts"]) for r in results), Counter())
-    refused = sum(r["admits"] - r["granted"] for r in results)
-    grants = sum(r["granted"] for r in results)
+    ran = await run_on_simulator(__file__, url, "caps-model", behaviour, spec, args.processes)
+    began = ran.began
+    requests = served(ran.journal, ran.epoch)
     # after the buckets' first burst: whole minutes from the end of the first one
     steady = [(began + WINDOW_S * k, WINDOW_S) for k in range(1, int(args.seconds // WINDOW_S))]
     if not steady:  # a short run: what follows its first half
@@ -204,10 +194,7 @@ async def run(url: str, args: argparse.Namespace) -> str:
         f"| d | none | {len(requests['d']):,} requests | - | "
         f"{' / '.join(f'{r:,.0f}' for r in d_rates)} requests |",
         "",
-        f"Verdicts: {dict(sorted(verdicts.items()))}; provider 429s {refusals}; refused "
-        f"admissions per acquisition {refused / max(1, grants):.2f}; Redis commands per "
-        f"acquisition {fleet.total_commands / max(1, grants):.1f}, Redis CPU per acquisition "
-        f"{1000 * fleet.redis_cpu_s / max(1, grants):.2f} ms.",
+        ran.summary(),
     ]
     failed: list[str] = []
     if a_peak != CONCURRENCY:
@@ -218,8 +205,8 @@ async def run(url: str, args: argparse.Namespace) -> str:
         failed.append("a rate cap was not used: " + ", ".join(map(str, b_rates + c_rates)))
     if not requests["d"]:
         failed.append("d was not served")
-    if refusals:
-        failed.append(f"{refusals} provider refusals")
+    if ran.refusals:
+        failed.append(f"{ran.refusals} provider refusals")
     if failed:
         lines += ["", "**FAILED**: " + "; ".join(failed)]
     return "\n".join(lines)
