@@ -199,6 +199,44 @@ async def run_on_simulator(
     return SimulatedRun(fleet, journal, epoch)
 
 
+ANSWER_TOKENS = 4  # the simulator's answer, "simulated answer": max_tokens asks for it
+
+
+def messages(tokens: int) -> list[dict[str, str]]:
+    """A prompt the package estimates, and the simulator counts, at `tokens` with its answer."""
+    return [{"role": "user", "content": "x" * 4 * (tokens - ANSWER_TOKENS)}]
+
+
+async def tenants_calling(
+    gateway: Any,
+    tokens: dict[str, int],
+    callers: int,
+    until: Callable[[str], float],
+    served: Callable[[str], None] | None = None,
+) -> dict[str, int]:
+    """`callers` callers per tenant (`tokens`: each one's call size) each making chat calls
+    in scope "summarise", one after another, until `until(tenant)` (epoch seconds);
+    `served(tenant)` after each success. The verdicts, counted."""
+    from polygate_celery import AllSourcesExhausted  # noqa: PLC0415
+
+    verdicts: Counter[str] = Counter()
+
+    async def caller(tenant: str) -> None:
+        while time.time() < until(tenant):
+            try:
+                await gateway.chat(
+                    "summarise", messages(tokens[tenant]), tenant=tenant, max_tokens=ANSWER_TOKENS
+                )
+                verdicts["success"] += 1
+                if served is not None:
+                    served(tenant)
+            except AllSourcesExhausted as exc:
+                verdicts[exc.reason] += 1
+
+    await asyncio.gather(*(caller(t) for t in tokens for _ in range(callers)))
+    return dict(verdicts)
+
+
 def chat_config(base_url: str, model: str, cap: int, rpm: int) -> dict[str, Any]:
     """One simulated chat source with the package's defaults but a cap and an rpm (the
     default bucket), and one scope, "summarise", on it."""

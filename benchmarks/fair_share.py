@@ -23,7 +23,6 @@ admitted, plus one answer time (0.4 s): b's and c's shares against 2:5. The targ
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 import uuid
@@ -40,13 +39,13 @@ from benchmarks._fleet import (  # noqa: E402
     ready_then_wait,
     report_on_a_private_redis,
     run_on_simulator,
+    tenants_calling,
 )
 
 CAP, TPM = 8, 60_000
 LATENCY_S = (0.2, 0.4)
 # tenant -> (weight, tokens a call costs)
 TENANTS = {"a": (1.0, 100), "b": (2.0, 300), "c": (5.0, 1000)}
-ANSWER_TOKENS = 4  # the simulator's answer, "simulated answer": max_tokens asks for it
 TOLERANCE, JAIN_TARGET = 0.05, 0.98
 BIN_S = 10.0  # the plot's bins
 
@@ -67,13 +66,8 @@ def config(base_url: str) -> dict[str, Any]:
     }
 
 
-def messages(tokens: int) -> list[dict[str, str]]:
-    """A prompt the package estimates, and the simulator counts, at `tokens` with its answer."""
-    return [{"role": "user", "content": "x" * 4 * (tokens - ANSWER_TOKENS)}]
-
-
 async def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    from polygate_celery import AllSourcesExhausted, Gateway, parse_config  # noqa: PLC0415
+    from polygate_celery import Gateway, parse_config  # noqa: PLC0415
     from polygate_celery.store.redis import RedisStore  # noqa: PLC0415
 
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"], socket_timeout_s=30)
@@ -83,28 +77,19 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     began = time.time()
     a_stops = began + spec["warmup_s"] + spec["window_s"] * spec["windows"]
     end = a_stops + spec["window_s"]
-    verdicts: Counter[str] = Counter()
     last_a = [0.0]
 
-    async def caller(tenant: str) -> None:
-        stop = a_stops if tenant == "a" else end
-        while time.time() < stop:
-            try:
-                await gateway.chat(
-                    "summarise",
-                    messages(TENANTS[tenant][1]),
-                    tenant=tenant,
-                    max_tokens=ANSWER_TOKENS,
-                )
-                verdicts["success"] += 1
-                if tenant == "a":
-                    last_a[0] = time.time()
-            except AllSourcesExhausted as exc:
-                verdicts[exc.reason] += 1
+    def served(tenant: str) -> None:
+        if tenant == "a":
+            last_a[0] = time.time()
 
-    await asyncio.gather(*(caller(t) for t in TENANTS for _ in range(spec["callers"])))
+    tokens = {tenant: cost for tenant, (_, cost) in TENANTS.items()}
+    stops = {"a": a_stops}
+    verdicts = await tenants_calling(
+        gateway, tokens, spec["callers"], lambda t: stops.get(t, end), served
+    )
     await gateway.aclose()
-    return {**counts, "verdicts": dict(verdicts), "began": began, "last_a": last_a[0]}
+    return {**counts, "verdicts": verdicts, "began": began, "last_a": last_a[0]}
 
 
 def served_tokens(journal: Any, epoch: float) -> list[tuple[float, str, int]]:

@@ -23,11 +23,9 @@ the burst was spent. The targets (issue 38): every cap exact, never exceeded, an
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from benchmarks._fleet import (  # noqa: E402
     ready_then_wait,
     report_on_a_private_redis,
     run_on_simulator,
+    tenants_calling,
 )
 
 CAP = 16
@@ -52,7 +51,6 @@ TENANTS: dict[str, tuple[dict[str, int], int]] = {
     "c": ({"tpm": TPM}, 1000),
     "d": ({}, 300),
 }
-ANSWER_TOKENS = 4  # the simulator's answer, "simulated answer": max_tokens asks for it
 USED_TARGET = 0.95
 WINDOW_S = 60.0
 
@@ -72,13 +70,8 @@ def config(base_url: str) -> dict[str, Any]:
     }
 
 
-def messages(tokens: int) -> list[dict[str, str]]:
-    """A prompt the package estimates, and the simulator counts, at `tokens` with its answer."""
-    return [{"role": "user", "content": "x" * 4 * (tokens - ANSWER_TOKENS)}]
-
-
 async def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    from polygate_celery import AllSourcesExhausted, Gateway, parse_config  # noqa: PLC0415
+    from polygate_celery import Gateway, parse_config  # noqa: PLC0415
     from polygate_celery.store.redis import RedisStore  # noqa: PLC0415
 
     store = RedisStore.from_url(spec["url"], prefix=spec["prefix"], socket_timeout_s=30)
@@ -86,25 +79,11 @@ async def worker(spec: dict[str, Any]) -> dict[str, Any]:
     gateway = Gateway(parse_config(config(spec["base_url"])), store=store)
     await ready_then_wait(spec)
     began = time.time()
+    tokens = {tenant: cost for tenant, (_, cost) in TENANTS.items()}
     end = began + spec["seconds"]
-    verdicts: Counter[str] = Counter()
-
-    async def caller(tenant: str) -> None:
-        while time.time() < end:
-            try:
-                await gateway.chat(
-                    "summarise",
-                    messages(TENANTS[tenant][1]),
-                    tenant=tenant,
-                    max_tokens=ANSWER_TOKENS,
-                )
-                verdicts["success"] += 1
-            except AllSourcesExhausted as exc:
-                verdicts[exc.reason] += 1
-
-    await asyncio.gather(*(caller(t) for t in TENANTS for _ in range(spec["callers"])))
+    verdicts = await tenants_calling(gateway, tokens, spec["callers"], lambda _: end)
     await gateway.aclose()
-    return {**counts, "verdicts": dict(verdicts), "began": began}
+    return {**counts, "verdicts": verdicts, "began": began}
 
 
 def served(journal: Any, epoch: float) -> dict[str, list[tuple[float, float, int]]]:
