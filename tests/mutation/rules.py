@@ -435,7 +435,8 @@ MUTATIONS = (
         "tenant-cap-hands-on",
         "a permit handed to a waiter whose tenant is at its cap goes to the next (Redis)",
         "polygate_celery/store/redis/lua/admit.lua",
-        "    if mine and capped and capped.refused and not by_health and reasons[1] ~= 'at_capacity' then\n",
+        "    if mine and capped and capped.refused and not by_health"
+        " and reasons[1] ~= 'at_capacity' then\n",
         "    if false then\n",
         ("tests/unit/store/test_store_contract_tenant_caps.py",),
     ),
