@@ -7,8 +7,8 @@ tag is its tenant's virtual finish time, ``max(V, F_tenant) + cost / weight``,
 where ``V`` is the tag of the class's last call served and the cost its estimated
 tokens (at least 1, so one tenant's calls keep their order). Backlogged tenants
 weighted 1:2:5 are then served tokens in that ratio, and an idle tenant's share
-goes to the others at once (its old tag falls behind ``V``). A class's tags start
-again from 0 when its queue empties, so they stay small.
+goes to the others at once (its old tag falls behind ``V``, and counts as none: the
+stores sweep such tags away). A class's virtual time only moves forward.
 
 A class's floor (`min_share`) is the share of grants it keeps while it has
 waiters: at each hand-over, a class with waiters whose share of the recent grants

@@ -134,6 +134,16 @@ async def stop(
         client.close()
 
 
+async def crash_and_restart(server: RedisServer) -> dict[str, float]:
+    """SIGKILL Redis, and start it again 4 s later on its port and data directory
+    (appendfsync always): when it went down and came back up."""
+    down = time.monotonic()
+    server.kill()
+    await asyncio.sleep(4.0)
+    server.start()
+    return {"down": down, "up": time.monotonic()}
+
+
 def assert_fails_closed_and_recovers(load: Load, witness: Witness, down: float, up: float) -> None:
     # Calls that began while Redis was away, early enough not to be answered once it was back.
     during = load.between(down + 0.05, up - SOCKET_TIMEOUT_S - 0.1)
@@ -168,14 +178,7 @@ async def test_redis_paused_longer_than_the_lease(server: RedisServer, witness: 
 
 
 async def test_redis_crashed_and_restarted(server: RedisServer, witness: Witness) -> None:
-    async def crash() -> dict[str, float]:
-        down = time.monotonic()
-        server.kill()
-        await asyncio.sleep(4.0)
-        server.start()  # same port and data directory; appendfsync always
-        return {"down": down, "up": time.monotonic()}
-
-    load, marks = await run_load(server, witness, crash)
+    load, marks = await run_load(server, witness, lambda: crash_and_restart(server))
     assert_fails_closed_and_recovers(load, witness, marks["down"], marks["up"])
 
 
@@ -186,14 +189,9 @@ async def test_redis_crashed_and_restarted_with_classes_and_tenants(
     and credits in Redis go with it and come back from its log; no call goes out while
     it is away, the cap holds, and every class and tenant is served afterwards."""
 
-    async def crash() -> dict[str, float]:
-        down = time.monotonic()
-        server.kill()
-        await asyncio.sleep(4.0)
-        server.start()
-        return {"down": down, "up": time.monotonic()}
-
-    load, marks = await run_load(server, witness, crash, callers=12, classes=True)
+    load, marks = await run_load(
+        server, witness, lambda: crash_and_restart(server), callers=12, classes=True
+    )
     assert_fails_closed_and_recovers(load, witness, marks["down"], marks["up"])
     after = {(priority, tenant) for start, priority, tenant in load.served if start >= marks["up"]}
     assert after == set(itertools.product(["interactive", "batch"], "abc")), after
@@ -253,14 +251,7 @@ async def test_redis_crashed_and_restarted_with_tenants_booked_on_a_quota(
     witness's starts against the provider's bucket), and every tenant is served
     afterwards."""
 
-    async def crash() -> dict[str, float]:
-        down = time.monotonic()
-        server.kill()
-        await asyncio.sleep(4.0)
-        server.start()
-        return {"down": down, "up": time.monotonic()}
-
-    load, marks = await run_quota_load(server, witness, crash)
+    load, marks = await run_quota_load(server, witness, lambda: crash_and_restart(server))
     down, up = marks["down"], marks["up"]
     during = load.between(down + 0.05, up - SOCKET_TIMEOUT_S - 0.1)
     assert during, "no call was made while Redis was unreachable"
@@ -320,11 +311,8 @@ async def test_redis_crashed_and_restarted_with_tenants_at_their_caps(
     try:
         await asyncio.wait_for(source.long_sent.wait(), timeout=30.0)
         await asyncio.sleep(1.0)
-        down = time.monotonic()
-        server.kill()
-        await asyncio.sleep(4.0)
-        server.start()
-        up = time.monotonic()
+        marks = await crash_and_restart(server)
+        down, up = marks["down"], marks["up"]
         await asyncio.sleep(4.0)
     finally:
         await stop(load, tasks, store, source)
