@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -208,6 +210,18 @@ def collector_store(request: pytest.FixtureRequest, store: Store, clock: Virtual
     return store
 
 
+@contextlib.contextmanager
+def registered(config: GatewayConfig, store: Store) -> Iterator[CollectorRegistry]:
+    """A registry whose collector reads `store` on each scrape, closed afterwards."""
+    collector = GovernanceCollector(config, store=store)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        yield registry
+    finally:
+        collector.close()
+
+
 async def test_the_collector_reports_the_store_state(
     clock: VirtualClock, gateway: GatewayFactory, store: Store, collector_store: Store
 ) -> None:
@@ -222,10 +236,7 @@ async def test_the_collector_reports_the_store_state(
     held = await store.admit(AdmitRequest("t", (source_terms(config, "c"),), "p1"))
     assert isinstance(held, Grant)
 
-    collector = GovernanceCollector(config, store=collector_store)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    try:
+    with registered(config, collector_store) as registry:
         assert value(registry, "polygate_store_up") == 1
         for name, cap, limit, in_use, breaker, failures, paused in [
             ("a", 4, 4, 0, 2, 1, 0),
@@ -242,8 +253,6 @@ async def test_the_collector_reports_the_store_state(
         age = value(registry, "polygate_scope_progress_age_seconds", scope="s")
         assert age == pytest.approx(5)
         assert value(registry, "polygate_scope_progress_age_seconds", scope="t") == math.inf
-    finally:
-        collector.close()
 
 
 async def test_the_collector_reports_the_calls_waiting_for_a_source_by_class(
@@ -264,14 +273,9 @@ async def test_the_collector_reports_the_calls_waiting_for_a_source_by_class(
             standing=config.standing(priority),
         )  # fmt: skip
         assert not isinstance(await store.admit(waiting), Grant)
-    collector = GovernanceCollector(config, store=collector_store)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    try:
+    with registered(config, collector_store) as registry:
         assert value(registry, "polygate_source_waiting", source="a", priority="batch") == 2
         assert value(registry, "polygate_source_waiting", source="a", priority="interactive") == 1
-    finally:
-        collector.close()
 
 
 async def test_the_collector_reports_each_declared_tenants_calls_and_the_others_summed(
@@ -294,16 +298,11 @@ async def test_the_collector_reports_each_declared_tenants_calls_and_the_others_
             queued=False, standing=config.standing(tenant=tenant),
         )  # fmt: skip
         assert not isinstance(await store.admit(waiting), Grant)
-    collector = GovernanceCollector(config, store=collector_store)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    try:
+    with registered(config, collector_store) as registry:
         assert value(registry, "polygate_tenant_in_flight", source="a", tenant="acme") == 2
         assert value(registry, "polygate_tenant_in_flight", source="a", tenant="other") == 1
         assert value(registry, "polygate_tenant_waiting", source="a", tenant="acme") == 1
         assert value(registry, "polygate_tenant_waiting", source="a", tenant="other") == 2
-    finally:
-        collector.close()
 
 
 async def test_the_collector_reports_the_quota_slots_booked_at_a_source_by_class(
@@ -328,14 +327,10 @@ async def test_the_collector_reports_the_quota_slots_booked_at_a_source_by_class
         denial = await store.admit(waiting)
         assert not isinstance(denial, Grant)
         assert denial.booked_in_s is not None
-    collector = GovernanceCollector(config, store=collector_store)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    try:  # i1 took b1's slot; b1 books anew when it finds it gone
+    # i1 took b1's slot; b1 books anew when it finds it gone
+    with registered(config, collector_store) as registry:
         assert value(registry, "polygate_source_booked", source="a", priority="batch") == 1
         assert value(registry, "polygate_source_booked", source="a", priority="interactive") == 1
-    finally:
-        collector.close()
 
 
 async def test_the_collector_reports_parking_lots(redis_url: str) -> None:
