@@ -277,6 +277,7 @@ class GovernedCall:
             )
         )
         if isinstance(admission, Denial):
+            self._released.moved()  # (the reply tells its booking: a move told is older)
             self._blocked = admission.blocked
             if self.arrival is None:
                 self.arrival = admission.arrival
@@ -337,7 +338,9 @@ class GovernedCall:
                         call_id=self.call_id,
                     )
                 )
-        return engine.Waited(woken, place is not None and place.lost.is_set())
+        moved_in_s = released.moved() if released is not None else None
+        lost = place is not None and place.lost.is_set()
+        return engine.Waited(woken and moved_in_s is None, lost, moved_in_s)
 
     def _emit_attempt(self, record: AttemptRecord, outcome: Outcome) -> None:
         if self.rt.telemetry.active:

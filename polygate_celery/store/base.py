@@ -79,7 +79,9 @@ class AdmitRequest:
     microseconds) or booking (`Denial.arrival`), None before either. A call that asks again
     after a failed attempt, or whose booked slot a higher class took, keeps it: it
     takes the soonest slot a later call of its class booked (`core.standing.takes_later`;
-    admit_booking.lua's `take_booked`).
+    admit_booking.lua's `take_booked`). A booker robbed of its slot is booked that one at
+    once by the store and told (`ReleaseWatch.moved`), unless a class above its own took
+    the slot while its own class has a floor: it asks again then.
     A caller gives the arrival its booking's denial told it: the Redis store finds the
     booking by it (a caller that lost that reply books a second slot).
 
@@ -186,7 +188,14 @@ class ReleaseWatch(Protocol):
     """A watch on permit releases, started when it is created (see `Store.watch_releases`)."""
 
     async def wait(self) -> None:
-        """Return once a watched permit was released since the watch started."""
+        """Return once a watched permit was released since the watch started (or the
+        call's booked slot moved: `moved`)."""
+        ...
+
+    def moved(self) -> float | None:
+        """Seconds until the quota slot the watching call was booked instead of the one it
+        booked, when a call served before it took that (told since it last asked, and no
+        release woke it); None otherwise. A later `wait` waits again."""
         ...
 
     def __enter__(self) -> Self: ...

@@ -8,7 +8,9 @@ refused admissions. A watch that was woken but closed without using the wake-up
 lost. Across a fleet (the Redis store), a release hands its permit to one
 waiting call, and that call's watch alone is woken (`ReleaseHub.wake_call`). Watches start when
 they are created, synchronously, so a caller that opens one before asking for a
-permit misses no release that follows the refusal.
+permit misses no release that follows the refusal. A call waiting for a quota slot
+it booked is told on its watch when a call served before it took the slot and it was
+booked another (`ReleaseHub.move_call`, `Watch.moved`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ class ReleaseHub:
         watch = self._calls.get(call_id)
         if watch is not None and source in watch.sources:
             watch.wake(source, handed=True)
+
+    def move_call(self, call_id: str, source: str, in_s: float) -> None:
+        """The slot the call `call_id` booked on `source`'s quota was taken and it was
+        booked another, `in_s` seconds ahead: tell its watch, if it still watches (else
+        it finds out when it asks at its old slot)."""
+        watch = self._calls.get(call_id)
+        if watch is not None and source in watch.sources:
+            watch.move(in_s)
 
     def note_queued(self, call_id: str) -> None:
         """The call `call_id` was just queued for a permit (refused for capacity)."""
@@ -97,6 +107,7 @@ class Watch(EndsWithBlock):
         self.woken_by: str | None = None
         self.queued = False  # its call waits in a queue (see `ReleaseHub.note_queued`)
         self._handed = False
+        self._moved_in_s: float | None = None
         self._hub = hub
         self._event = asyncio.Event()
         self._used = False
@@ -105,6 +116,20 @@ class Watch(EndsWithBlock):
         self.woken_by = source
         self._handed = handed  # a permit handed to this call is no one else's to use
         self._event.set()
+
+    def move(self, in_s: float) -> None:
+        self._moved_in_s = in_s  # (the latest move counts)
+        self._event.set()
+
+    def moved(self) -> float | None:
+        """Seconds until the slot its call was moved to, if it was moved since it last
+        asked (`ReleaseHub.move_call`) and no release woke it (it asks at once then); a
+        later wait waits again."""
+        in_s, self._moved_in_s = self._moved_in_s, None
+        if in_s is None or self.woken_by is not None:
+            return None
+        self._event.clear()
+        return in_s
 
     async def wait(self) -> None:
         await self._event.wait()

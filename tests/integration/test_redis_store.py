@@ -230,3 +230,56 @@ async def test_a_hand_over_sent_before_the_waiters_process_listens_is_not_lost(
     assert isinstance(await waiting.admit(again), Grant)
     await waiting.aclose()
     await releasing.aclose()
+
+
+async def test_a_booker_in_another_process_is_told_its_slot_moved(
+    redis_url: str, fleet_prefix: str
+) -> None:
+    """A call served before it takes a quota slot a call of another process booked: that
+    booker is booked the next slot it comes to at once (the next later booker's, that one
+    a new one), and each is told by a message on its process's wake-up channel, so none
+    asks at its old slot to learn it; then each is admitted where it was told."""
+    from polygate_celery.testing import VirtualClock  # noqa: PLC0415
+
+    clock = VirtualClock()  # (both processes on one store clock: slots to the microsecond)
+    rpm = SourceTerms("rpm", 1000, quota=QuotaTerms("source:rpm", rpm=60))
+    booking = RedisStore.from_url(redis_url, prefix=fleet_prefix, clock=clock)
+    taking = RedisStore.from_url(redis_url, prefix=fleet_prefix, clock=clock)
+    n = 0
+    while isinstance(await taking.admit(AdmitRequest("s", (rpm,), f"burst-{n}")), Grant):
+        n += 1  # the bucket's burst spent
+    interactive, batch = Standing(rank=0), Standing(rank=1)
+
+    def ask(call: str, standing: Standing, arrival: int | None = None) -> AdmitRequest:
+        return AdmitRequest(
+            "s", (rpm,), f"p-{call}", call_id=call, claim_s=30.0, book_within_s=300.0,
+            standing=standing, arrival=arrival,
+        )  # fmt: skip
+
+    slots, arrivals = {}, {}
+    for call in ("b1", "b2"):
+        clock.advance(0.01)
+        denial = await booking.admit(ask(call, batch))
+        assert isinstance(denial, Denial)
+        assert denial.booked_in_s is not None
+        slots[call], arrivals[call] = clock.now() + denial.booked_in_s, denial.arrival
+    await booking.listening()
+    watches = {call: booking.watch_releases(["rpm"], call) for call in slots}
+    taken = await taking.admit(ask("i1", interactive))
+    assert isinstance(taken, Denial)
+    assert clock.now() + taken.booked_in_s == pytest.approx(slots["b1"])
+    told = {}
+    for call, watch in watches.items():
+        await asyncio.wait_for(watch.wait(), 10)
+        told[call] = clock.now() + watch.moved()
+    assert told["b1"] == pytest.approx(slots["b2"])
+    assert told["b2"] == pytest.approx(slots["b2"] + 1.0)
+    clock.advance(slots["b1"] - clock.now())
+    assert isinstance(await taking.admit(ask("i1", interactive, taken.arrival)), Grant)
+    for call in ("b1", "b2"):
+        clock.advance(told[call] - clock.now())
+        assert isinstance(await booking.admit(ask(call, batch, arrivals[call])), Grant)
+    for watch in watches.values():
+        watch.__exit__(None, None, None)
+    await booking.aclose()
+    await taking.aclose()

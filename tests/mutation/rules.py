@@ -234,7 +234,7 @@ MUTATIONS = (
     Mutation(
         "quota-arrival-takes-memory",
         "a call with its arrival takes the soonest slot a later call of its class booked (memory)",
-        "polygate_celery/store/memory/quota.py",
+        "polygate_celery/store/memory/bookings.py",
         "                if not takes_later(\n"
         "                    request.arrival, rank, int(booking[4]), theirs, tag_, booker_tag\n"
         "                ):\n",
@@ -286,7 +286,7 @@ MUTATIONS = (
     Mutation(
         "quota-take-fits-memory",
         "on a shared quota, a slot booked for fewer tokens than the caller's is not taken (memory)",
-        "polygate_celery/store/memory/quota.py",
+        "polygate_celery/store/memory/bookings.py",
         "            if shift > 0 and not movable:\n",
         "            if False:\n",
         ("tests/unit/store/test_store_contract_bookings.py",),
@@ -302,7 +302,7 @@ MUTATIONS = (
     Mutation(
         "quota-take-moves-later-memory",
         "a larger call taking a slot moves the bookings after it later (memory)",
-        "polygate_celery/store/memory/quota.py",
+        "polygate_celery/store/memory/bookings.py",
         "                booking[0] += shift\n                booking[1] += shift\n",
         "                pass\n",
         ("tests/unit/store/test_store_contract_quota_tenants.py",),
@@ -320,7 +320,7 @@ MUTATIONS = (
         "quota-refund-bounded-memory",
         "a smaller call taking a slot hands tokens back only as far as the bookings ahead "
         "allow (memory)",
-        "polygate_celery/store/memory/quota.py",
+        "polygate_celery/store/memory/bookings.py",
         "            tat = min(dim.tat, least)\n",
         "",
         ("tests/unit/store/test_store_contract_quota_tenants.py",),
@@ -455,6 +455,56 @@ MUTATIONS = (
         "      for _, d in ipairs(r and tokens or NONE) do\n",
         "      for _, d in ipairs(tokens) do\n",
         ("tests/integration/test_redis_store.py",),
+    ),
+    Mutation(
+        "booking-robbed-rebooked",
+        "a booker robbed of its quota slot is booked the next one it comes to at once (Redis)",
+        "polygate_celery/store/redis/lua/admit.lua",
+        "  rebook(robbed, now, s_floors, ARGV[9] == '', est)\n",
+        "",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
+        "booking-robbed-rebooked-memory",
+        "a booker robbed of its quota slot is booked the next one it comes to at once (memory)",
+        "polygate_celery/store/memory/bookings.py",
+        "    rebook(ledger, robbed, request, now)\n",
+        "",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
+        "booking-moved-told",
+        "a booker whose slot moved is told by a message to its process (Redis)",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "  if origin then redis.call('PUBLISH', ARGV[13] .. origin,",
+        "  if false then redis.call('PUBLISH', ARGV[13] .. origin,",
+        ("tests/integration/test_redis_store.py",),
+    ),
+    Mutation(
+        "booking-moved-waits-on",
+        "a call told its booked slot moved waits on for the new one without asking (engine)",
+        "polygate_celery/core/engine/rounds.py",
+        "    if moved_in_s is None or refusal is None or refusal.booked_in_s is None:\n",
+        "    if True:\n",
+        ("tests/unit/core/test_engine_rounds.py",),
+    ),
+    Mutation(
+        "booking-floored-class-asks",
+        "a booker robbed by a class above its own, which has a floor, books anew when it asks "
+        "(Redis)",
+        "polygate_celery/store/redis/lua/admit_booking.lua",
+        "  if pick.rank == rank or (fl[pick.rank + 1] or 0) <= 0 then\n",
+        "  if true then\n",
+        ("tests/unit/store/test_store_contract_bookings.py",),
+    ),
+    Mutation(
+        "booking-floored-class-asks-memory",
+        "a booker robbed by a class above its own, which has a floor, books anew when it asks "
+        "(memory)",
+        "polygate_celery/store/memory/bookings.py",
+        "    if theirs == rank or not (floors[theirs:] or (0.0,))[0]:\n",
+        "    if True:\n",
+        ("tests/unit/store/test_store_contract_bookings.py",),
     ),
     Mutation(
         "tenant-caps-say",

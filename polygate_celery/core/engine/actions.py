@@ -201,10 +201,14 @@ class Settled:
 
 @message
 class Waited:
-    """The wait ended: `woken` before its delay by a release, `lost` its places."""
+    """The wait ended: `woken` before its delay by a release, `lost` its places, or
+    `moved_in_s` set: the quota slot the call booked was taken by a call served before
+    it, and the store booked it the next one it comes to, that many seconds ahead (it
+    waits on for it without asking: `Refused.booked_in_s`)."""
 
     woken: bool = False
     lost: bool = False
+    moved_in_s: float | None = None
 
 
 Event = Begin | Done | ProgressAge | BreakerState | Granted | Refused | Sent | Settled | Waited

@@ -8,6 +8,7 @@ budget is spent. Every verdict that ends the call here is a `GiveUp`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from polygate_celery.core.engine.actions import (
@@ -175,6 +176,19 @@ def _wait_after_refusal(state: CallState, now: float) -> Step:
     else:
         wait = Wait("no_runnable", rules.poll_interval_s, True, cap_s)
     return Step(replace(state, phase="poll"), wait)
+
+
+def after_poll(state: CallState, event: Event, now: float) -> Step:
+    """A new round; but a call whose booked quota slot was moved while it waited for it
+    (`Waited.moved_in_s`) waits on for the new one as if it had asked and been told so,
+    its stall verdict checked as after a refusal (rule 2)."""
+    moved_in_s = event.moved_in_s if isinstance(event, Waited) else None
+    refusal = state.refusal
+    if moved_in_s is None or refusal is None or refusal.booked_in_s is None:
+        return begin_round(state, event, now)
+    state = replace(state, refusal=dataclasses.replace(refusal, booked_in_s=moved_in_s))
+    step = check_stall(state, now, "denied_stall")
+    return step if step is not None else _wait_after_refusal(state, now)
 
 
 def _capped_alone(refusal: Refused) -> bool:

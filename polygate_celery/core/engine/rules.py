@@ -60,7 +60,7 @@ _HANDLERS: dict[Phase, Callable[[CallState, Event, float], Step]] = {
     "top_stall": rounds.after_top_stall,
     "admit": rounds.admitted,
     "denied_stall": rounds.after_denied_stall,
-    "poll": rounds.begin_round,
+    "poll": rounds.after_poll,
     "queued": rounds.after_queue_wait,
     "queued_stall": rounds.after_queued_stall,
     "send": attempts.sent,

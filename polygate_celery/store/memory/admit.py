@@ -17,7 +17,8 @@ from polygate_celery.core.standing import CapsSay, caps_say, used_credits
 from polygate_celery.core.terms import SourceTerms
 from polygate_celery.store.admit import AdmitResult, HalfOpen
 from polygate_celery.store.base import AdmitRequest, BlockReason, Denial, Grant, WaitMode
-from polygate_celery.store.memory.quota import QuotaSay, book, bookable, charge, quota_say
+from polygate_celery.store.memory.bookings import book
+from polygate_celery.store.memory.quota import QuotaSay, bookable, charge, quota_say
 from polygate_celery.store.memory.state import NO_TAG, Ledger, SourceState, TenantHold
 
 # The refusals that say something of the source's health: a refused call is told its

@@ -290,6 +290,12 @@ class RedisStore:
     def watch_releases(self, sources: Sequence[str], call_id: str = "") -> Watch:
         return self._releases.watch(sources, call_id)
 
+    async def listening(self) -> None:
+        """Return once this process hears its wake-up channel (a process subscribes when a
+        caller here first waits; for tests and tools that must not miss a message)."""
+        self._wakeups.listen()
+        await self._wakeups.subscribed.wait()
+
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         name = source.name
         keys = [

@@ -4,7 +4,9 @@ A release that hands its permit to a call queued in another process publishes
 the call on that process's wake-up channel (``<wake key><origin>``); the
 process's listener wakes the call's watch (`ReleaseHub.wake_call`). Waking early
 is an optimisation: a hand-over missed meanwhile is found when its waiter's
-place is next kept (governance.places).
+place is next kept (governance.places). An admission that takes a quota slot
+another process's call booked, and books that call another, tells it the same way
+(`ReleaseHub.move_call`); a move missed is found when the call asks at its old slot.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class _WakeUps:
         self._warm = warm
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
+        self.subscribed = asyncio.Event()  # set while the channel is heard
 
     def stop(self) -> None:
         """Listen no more (the listener ends at its next look; `aclose` ends it now)."""
@@ -93,10 +96,12 @@ class _WakeUps:
                         if message.get("type") == "message":
                             self._on_released(str(message.get("data", "")))
                         elif message.get("type") == "subscribe":  # heard from now on
+                            self.subscribed.set()
                             await self._wake_handed()
             except asyncio.CancelledError:
                 raise
             except Exception:
+                self.subscribed.clear()
                 # Waking early is an optimisation: a hand-over missed meanwhile is
                 # found when its waiter's place is next kept (governance.places).
                 logger.debug("release listener lost its connection; retrying", exc_info=True)
@@ -130,6 +135,13 @@ class _WakeUps:
             yield pubsub
 
     def _on_released(self, data: str) -> None:
-        call_id, _, source = data.partition(" ")
-        if call_id and source:
+        """A permit handed to a call here (``<call> <source>``), or a quota slot a call
+        here booked moved (``<call> <source> <seconds until the new one>``)."""
+        call_id, source, *moved = data.split(" ")
+        if not call_id or not source:
+            return
+        if not moved:
             self._releases.wake_call(call_id, source)
+            return
+        with contextlib.suppress(ValueError):
+            self._releases.move_call(call_id, source, float(moved[0]))

@@ -155,6 +155,42 @@ def test_a_refusal_waits_a_poll_or_until_the_booked_slot_cut_to_the_deadline() -
     assert state.phase == "poll"
 
 
+def test_a_call_whose_booked_slot_moved_waits_on_for_the_new_one_without_asking() -> None:
+    """Told while it waits that a call served before it took its booked slot and it was
+    booked another (`Waited.moved_in_s`), it waits for that one as if it had asked, and
+    asks there as a booker; a move told to a call holding no booking begins a round."""
+    rules = make_rules(max_call_s=100.0, stall_window_s=60.0)
+    asked, _ = next_action(start(rules, 0.0), Begin(), 10.0)
+    booked, action = next_action(asked, Refused(None, BREAKERS_OPEN, booked_in_s=5.0), 10.0)
+    assert action == Wait("no_runnable", 5.0, False, 90.0)
+    state, action = next_action(booked, Waited(moved_in_s=7.5), 12.0)
+    assert action == Wait("no_runnable", 7.5, False, 88.0)
+    assert state.phase == "poll"
+    assert state.round == 1  # no new round: it did not ask
+    state, action = next_action(state, Waited(), 19.5)
+    assert isinstance(action, Admit)
+    assert action.booked
+    assert state.round == 2
+    polled, _ = next_action(asked, Refused(None, BREAKERS_OPEN), 10.0)
+    _, action = next_action(polled, Waited(moved_in_s=7.5), 11.0)
+    assert isinstance(action, Admit)
+
+
+def test_a_move_told_past_the_stall_budget_checks_the_stall_verdict_first() -> None:
+    """A move is an answer like a refusal: past the call's own stall budget the scope's
+    progress is asked for, and a stalled scope ends the call (rule 2)."""
+    rules = make_rules(max_call_s=100.0, stall_window_s=30.0)
+    asked, _ = next_action(start(rules, 0.0), Begin(), 25.0)
+    booked, _ = next_action(asked, Refused(None, BREAKERS_OPEN, booked_in_s=5.0), 25.0)
+    state, action = next_action(booked, Waited(moved_in_s=7.5), 31.0)
+    assert action == AskProgress(own_class=True)
+    _, action = next_action(state, ProgressAge(31.0), 31.0)
+    assert isinstance(action, GiveUp)
+    assert action.reason == "stalled"
+    _, action = next_action(state, ProgressAge(1.0), 31.0)
+    assert action == Wait("no_runnable", 7.5, False, 69.0)
+
+
 @pytest.mark.parametrize(
     ("claim_s", "blocked", "queued"),
     [

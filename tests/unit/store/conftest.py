@@ -25,6 +25,7 @@ from polygate_celery.store import (
     SourceSnapshot,
     Store,
 )
+from polygate_celery.store.releases import Watch
 from polygate_celery.testing import VirtualClock
 
 
@@ -127,6 +128,22 @@ class Harness:
 
     async def snapshot(self, source: SourceTerms) -> SourceSnapshot:
         return await self.store.snapshot(source)
+
+    async def listening(self) -> None:
+        """Until the store hears the messages its fleet sends this process (one of a fleet
+        subscribes when a caller here first waits; a message sent before is not heard)."""
+        listening = getattr(self.store, "listening", None)
+        if listening is not None:
+            await asyncio.wait_for(listening(), timeout=10)
+
+    @staticmethod
+    async def told(watch: Watch) -> float:
+        """The seconds until the slot `watch`'s call was told its booking moved to
+        (`Watch.moved`): at once for a store of one process, by a message for a fleet's."""
+        await asyncio.wait_for(watch.wait(), timeout=10)
+        in_s = watch.moved()
+        assert in_s is not None, f"{watch.call_id} was woken, not told its slot moved"
+        return in_s
 
     @staticmethod
     async def turns(n: int = 10) -> None:

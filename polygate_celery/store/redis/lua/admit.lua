@@ -30,13 +30,15 @@
 --                                                (see handover.lua); a waiter is
 --                                                "<origin> <call id> <claim s>"
 --   KEYS[6i]    {p}:v1:src:<name>:alive    ZSET  waiter -> end of its claim (refreshed by
---                                                each of its admissions); "@<call id>
---                                                <rank> <claim s> <est> <arrival> <tag>"
---                                                (tag "-": no tenant): a slot that call,
---                                                of that class, booked -> the slot plus
---                                                its claim (it lapses then; a higher
---                                                class, or a call of its own it comes
---                                                after, may take it, admit_booking.lua)
+--                                                each of its admissions); "@<origin>:<call
+--                                                id> <rank> <claim s> <est> <arrival>
+--                                                <tag>" (tag "-": no tenant): a slot that
+--                                                call of that process, of that class,
+--                                                booked -> the slot plus its claim (it
+--                                                lapses then; a higher class, or a call of
+--                                                its own it comes after, may take it, and
+--                                                its booker is booked anew and told,
+--                                                admit_booking.lua)
 --   KEYS[6n+1]  {p}:v1:scope:<scope>:gate  HASH  until reset probe probe_until error
 --   KEYS[6n+2i], KEYS[6n+2i+1]  for a call whose tenant has caps (ARGV[9]), the tenant's
 --               {p}:v1:src:<name>:tenant:<tenant>:permits ZSET (permit id -> admission
@@ -151,7 +153,8 @@ local given_arrival, given_tag = string.match(ARGV[10], '^(-?%d*) ?(%S*)$')
 local arrival = given_arrival ~= '' and given_arrival or string.format('%.0f', now * 1e6)
 -- a slot this caller books (admit_booking.lua), for a caller that waits
 local function booking_of(tag)
-  return '@' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7] .. ' ' .. ARGV[3] .. ' ' .. arrival
+  return '@' .. ARGV[12] .. ':' .. call .. ' ' .. s_rank .. ' ' .. ARGV[7] .. ' ' .. ARGV[3]
+    .. ' ' .. arrival
     .. ' ' .. tag
 end
 local booked = waits ~= '0' and booking_of(given_tag ~= '' and given_tag or '-') or nil
@@ -401,10 +404,12 @@ elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == n
   end
   -- a slot booked by a lower class, or by a call of this caller's class it comes before,
   -- is taken first, if any (standing: a class's rank; its place: ARGV[10])
+  local robbed = {}
   local in_s = (ARGV[9] ~= '' or given_arrival ~= '')
     and take_booked(bookable, now, book_within, s_rank, s_floors, claim_s, booking_at, est,
-      given_arrival ~= '' and tonumber(arrival) or nil, ARGV[9] == '', tag_at)
+      given_arrival ~= '' and tonumber(arrival) or nil, ARGV[9] == '', tag_at, robbed)
   if not in_s then in_s = book(bookable, now, book_within, claim_s, booking_at) end
+  rebook(robbed, now, s_floors, ARGV[9] == '', est)
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end
     denial[1] = 3

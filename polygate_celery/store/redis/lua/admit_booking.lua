@@ -46,27 +46,37 @@ end
 -- for none; quota_floors.lua's slot_goes_to), else the higher (the lower rank). The
 -- booking moves to this caller (`booking_at(i)`), its quota paid already (the token
 -- buckets charged for this caller's estimate `est` instead of the booker's: settle
--- corrects from it); the waiter it was taken from finds it gone when it asks at its
--- slot, and books anew (taking, in turn, the slot of the next call of its class it
--- comes before).
+-- corrects from it); the waiter it was taken from goes into `robbed`, to be booked
+-- anew at once and told (rebook, below: taking, in turn, the slot of the next call of
+-- its class it comes before).
 -- A slot of another class is taken before a later call's of the caller's own (a call
 -- owed a slot for its class's floor takes it from the class above, not from its own).
 -- On a quota of tokens, the bucket has room at a slot for its booker's tokens: a caller
 -- of a larger estimate taking it is admitted later by the difference, and every booking
--- after the slot moves as much later (they were placed after the booker's tokens; its
--- booker finds out when it asks). On a quota shared with other sources, whose bookings
+-- after the slot moves as much later (they were placed after the booker's tokens; their
+-- bookers are told, tell_moved). On a quota shared with other sources, whose bookings
 -- cannot be moved from here, such a slot is not taken. A smaller caller's tokens hand
 -- the difference back only as far as the bookings ahead allow (below), and on a shared
 -- quota not at all.
--- A booking is "@<call> <rank> <claim s> <est> <arrival> <tag>" in the candidate's
--- alive set, scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
+-- A booking is "@<origin>:<call> <rank> <claim s> <est> <arrival> <tag>" in the
+-- candidate's alive set, scored by its slot plus that claim; waiters' claims score at most now plus theirs, so
 -- the bookings ahead are those scored above now plus this caller's claim, and the
 -- `TAKE_SCAN` soonest of them are looked at (as the memory store does). A `plain`
 -- caller (one class at most, ARGV[9] "") takes a later call's slot only. Seconds until
 -- the slot, or nil.
 local TAKE_SCAN = 32
+
+-- Tell the booker of `member` (one this version booked: "@<origin>:<call> ...") that its
+-- slot at candidate `name` is now `in_s` seconds ahead: a message on its process's
+-- wake-up channel (ARGV[13]), "<call> <name> <in_s>"; it waits on for it instead of
+-- asking at its old slot to learn it.
+local function tell_moved(member, name, in_s)
+  local origin, call = string.match(member, '^@(%x+):(%S+) ')
+  if origin then redis.call('PUBLISH', ARGV[13] .. origin, call .. ' ' .. name .. ' ' .. fmt(in_s)) end
+end
+
 local function take_booked(bookable, now, book_within, rank, floors, claim_s, booking_at,
-                           est, arrival, plain, tag_at)
+                           est, arrival, plain, tag_at, robbed)
   local fl = floors_of(floors)
   local bests = {{}, {}}  -- another class's soonest slot, and a later call's of its own
   for _, b in ipairs(bookable) do
@@ -114,7 +124,7 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
         local slot = tonumber(ahead[k + 1]) - tonumber(claim)
         if slot > now and (which.slot == nil or slot + shift < which.slot) then
           which.b, which.member, which.slot = b, ahead[k], slot + shift
-          which.est, which.shift = tonumber(booker_est), shift
+          which.est, which.shift, which.rank = tonumber(booker_est), shift, r
         end
       end
     end
@@ -138,6 +148,8 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
       local claim = string.match(after[k], '^@%S+ %d+ (%S+) ')
       if claim and tonumber(after[k + 1]) - tonumber(claim) > taken then
         redis.call('ZADD', alive, tonumber(after[k + 1]) + pick.shift, after[k])
+        tell_moved(after[k], ARGV[T + 6 * best[1] - 5],
+          tonumber(after[k + 1]) - tonumber(claim) + pick.shift - now)
       end
     end
   end
@@ -178,5 +190,47 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
   end
   redis.call('ZREM', alive, best_member)
   redis.call('ZADD', alive, best_slot + claim_s, booking_at(best[1]))
+  -- its booker is booked anew at once (rebook), unless robbed by another class while its
+  -- own has a floor: it may be owed a slot by the time it asks, and take one back then
+  if pick.rank == rank or (fl[pick.rank + 1] or 0) <= 0 then
+    robbed[#robbed + 1] = {best_member, best}
+  end
   return best_slot - now
+end
+
+-- Book each booker `robbed` of its slot ({its booking, its candidate's entry in
+-- bookable} each; see take_booked for the one left to ask) the slot it would take were
+-- it to ask now (take_booked: the soonest
+-- a call of its class it comes before booked, whose booker is booked anew in turn;
+-- else a new one), and tell it (tell_moved): one message per moved booker where each
+-- would ask once more (memory store: quota.rebook). At most `MOVES` per admission; a
+-- booker left over, or one of another version, finds its slot gone when it asks
+-- there, and books anew then. `est` the caller's estimate: a booker whose estimate is
+-- 0 where the caller's is not (or the other way round) is charged to other buckets,
+-- and left to ask. Its terms are the caller's (`floors`, `plain`: the scope's classes)
+-- but for its own place, estimate and claim, kept in its booking.
+local MOVES = 32
+local function rebook(robbed, now, floors, plain, est)
+  for _ = 1, MOVES do
+    local r = table.remove(robbed, 1)
+    if not r then return end
+    local member, b = r[1], r[2]
+    local rank, claim, e, arr, tag = string.match(member,
+      '^@%x+:%S+ (%d+) (%S+) (%d+) (-?%d+) (%S+)$')
+    if rank and (tonumber(e) > 0) == (est > 0) then
+      local dims = {}  -- its buckets as they stand now, charged for its estimate
+      for _, d in ipairs(b[2]) do
+        local cost = (d[5] == 'tok' or d[5] == 'ltok') and tonumber(e) or 1
+        dims[#dims + 1] = {tonumber(redis.call('HGET', d[4], d[5]) or '-1e300'), cost, d[3],
+          d[4], d[5]}
+      end
+      local mine = {{b[1], dims, b[3]}}
+      local function at() return member end
+      local function tag_at() return tag, false end
+      local in_s = take_booked(mine, now, math.huge, tonumber(rank), floors, tonumber(claim),
+        at, tonumber(e), tonumber(arr), plain, tag_at, robbed)
+        or book(mine, now, math.huge, tonumber(claim), at)
+      tell_moved(member, ARGV[T + 6 * b[1] - 5], in_s)
+    end
+  end
 end

@@ -9,8 +9,8 @@
 --                                            fc<rank> (the classes' recent grants)
 -- KEYS[3]  {p}:v1:src:<name>:queue     ZSET  waiters -> their place (snapshot only)
 -- KEYS[4]  {p}:v1:src:<name>:alive     ZSET  claims, and quota slots booked
---                                            ("@<call> <rank> ..." -> slot plus claim;
---                                            snapshot only)
+--                                            ("@<origin>:<call> <rank> ..." -> slot plus
+--                                            claim; snapshot only)
 -- ARGV[1]  now in seconds, or "" to read Redis TIME (the default store clock)
 -- ARGV[2]  "pause", "resume", "reset" or "snapshot"
 -- ARGV[3]  pause: seconds;  snapshot: cap
