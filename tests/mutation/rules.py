@@ -262,9 +262,8 @@ MUTATIONS = (
         "quota-tag-given",
         "a tenant's first booking moves its tenant's last tag on the quota (Redis)",
         "polygate_celery/store/redis/lua/admit.lua",
-        "    if new then redis.call('HSET', KEYS[6 * i - 4], 'qf' .. s_rank .. ':' .. s_tenant,"
-        " t) end\n",
-        "",
+        "    if new and redis.call('HSET', KEYS[6 * i - 4], qf, t) > 0 then\n",
+        "    if false then\n",
         ("tests/unit/store/test_store_contract_quota_tenants.py",),
     ),
     Mutation(

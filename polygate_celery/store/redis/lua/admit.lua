@@ -282,8 +282,9 @@ for i = 1, n do
       local w = waiter()
       local tag = tag_of(st[14], st[15], est, s_weight)
       -- (NX: queued already, it keeps its place)
-      if redis.call('ZADD', KEYS[6 * i - 1], 'NX', score_of(s_rank, tag), w) == 1 then
-        redis.call('HSET', skey, s_finish, fmt(tag), 'ffloors', s_floors)
+      if redis.call('ZADD', KEYS[6 * i - 1], 'NX', score_of(s_rank, tag), w) == 1
+        and redis.call('HSET', skey, s_finish, fmt(tag), 'ffloors', s_floors) > 0 then
+        redis.call('HSET', skey, 'fgrow', '1')  -- a field added: settle.lua may sweep
       end
       redis.call('ZADD', KEYS[6 * i], now + claim_s, w)
     end
@@ -398,7 +399,10 @@ elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == n
   local tag_booked = nil
   local function booking_at(i)
     local t, new = tag_at(i)
-    if new then redis.call('HSET', KEYS[6 * i - 4], 'qf' .. s_rank .. ':' .. s_tenant, t) end
+    local qf = 'qf' .. s_rank .. ':' .. s_tenant
+    if new and redis.call('HSET', KEYS[6 * i - 4], qf, t) > 0 then
+      redis.call('HSET', KEYS[6 * i - 4], 'fgrow', '1')  -- a field added: settle.lua may sweep
+    end
     tag_booked = t
     return booking_of(t)
   end

@@ -72,7 +72,8 @@ local TAKE_SCAN = 32
 -- asking at its old slot to learn it.
 local function tell_moved(member, name, in_s)
   local origin, call = string.match(member, '^@(%x+):(%S+) ')
-  if origin then redis.call('PUBLISH', ARGV[13] .. origin, call .. ' ' .. name .. ' ' .. fmt(in_s)) end
+  if origin then redis.call('PUBLISH', ARGV[13] .. origin,
+    call .. ' ' .. name .. ' ' .. fmt(in_s)) end
 end
 
 local function take_booked(bookable, now, book_within, rank, floors, claim_s, booking_at,

@@ -16,7 +16,9 @@
 --                                            (the source's last error: see ARGV[15]),
 --                                            opened_at (when the breaker last opened);
 --                                            fair queuing (standing.lua), swept of
---                                            stale tenants' tags (fsweep: the cursor)
+--                                            stale tenants' tags (fsweep: the cursor;
+--                                            fgrow: tags were added since the hash was
+--                                            last found small)
 -- KEYS[3]  {p}:v1:quota:<group>        HASH  req tok (placeholder key when none)
 -- KEYS[4]  {p}:v1:scope:<scope>:progress  STRING  time of the last success (TTL)
 -- KEYS[5]  {p}:v1:scope:<scope>:gate      HASH    deleted by a success (the scope lives)
@@ -94,7 +96,7 @@ local cap, tpm = tonumber(ARGV[24]), tonumber(ARGV[28])
 local skey = KEYS[2]
 local a = redis.call('HMGET', skey, 'paused_until', 'lrpm', 'lreq', 'ltpm', 'ltok', 'ltsince',
   'lseen', 'mode', 'failures', 'open_until', 'probe', 'limit', 'last_decrease', 'error',
-  'lwend', 'lwleft', 'ffloors')
+  'lwend', 'lwleft', 'ffloors', 'fgrow')
 local set, forget = {}, nil  -- the state's fields to write, and to delete
 local function put(field, value) set[#set + 1] = field; set[#set + 1] = value end
 
@@ -272,19 +274,24 @@ end
 
 -- Tenants that come and go (customer ids) leave no fields behind: a tenant's last tag
 -- its class's virtual time has reached counts as none (standing.lua's tag_of), so once
--- the state hash holds more than SWEEP_ABOVE fields, each settle drops those among the
--- next few (an HSCAN cursor kept in the hash, fsweep).
-if redis.call('HLEN', skey) > SWEEP_ABOVE then
-  local found = redis.call('HSCAN', skey, redis.call('HGET', skey, 'fsweep') or '0', 'MATCH',
-    '?f*:*', 'COUNT', 32)
-  for k = 1, #found[2], 2 do
-    local kind, r = string.match(found[2][k], '^([fq])f(%d+):')
-    local virtual = kind and redis.call('HGET', skey, kind .. 'v' .. r)
-    if kind and tonumber(found[2][k + 1]) <= tonumber(virtual or '0') then
-      redis.call('HDEL', skey, found[2][k])
+-- tenants' tags were added (fgrow, set by admit.lua as it adds one) and the state hash
+-- holds more than SWEEP_ABOVE fields, each settle drops those among the next few (an
+-- HSCAN cursor kept in the hash, fsweep); the flag goes once the hash is that small.
+if a[18] then
+  if redis.call('HLEN', skey) > SWEEP_ABOVE then
+    local found = redis.call('HSCAN', skey, redis.call('HGET', skey, 'fsweep') or '0',
+      'MATCH', '?f*:*', 'COUNT', 32)
+    for k = 1, #found[2], 2 do
+      local kind, r = string.match(found[2][k], '^([fq])f(%d+):')
+      local virtual = kind and redis.call('HGET', skey, kind .. 'v' .. r)
+      if kind and tonumber(found[2][k + 1]) <= tonumber(virtual or '0') then
+        redis.call('HDEL', skey, found[2][k])
+      end
     end
+    redis.call('HSET', skey, 'fsweep', found[1])
+  else
+    redis.call('HDEL', skey, 'fgrow')
   end
-  redis.call('HSET', skey, 'fsweep', found[1])
 end
 
 -- hand the freed permit to the live waiter served next (serving.lua), if the source
