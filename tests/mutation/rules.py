@@ -522,6 +522,14 @@ MUTATIONS = (
         ("tests/integration/test_redis_store.py",),
     ),
     Mutation(
+        "tenant-tags-grow-flag",
+        "a tenant's tag added to the state hash has settle look at the hash's size (fgrow)",
+        "polygate_celery/store/redis/lua/admit.lua",
+        "        redis.call('HSET', skey, 'fgrow', '1')  -- a field added: settle.lua may sweep\n",
+        "",
+        ("tests/integration/test_redis_store.py",),
+    ),
+    Mutation(
         "tenant-capped-gate-open",
         "a call its tenant's caps stalled closes no scope gate: it is no outage",
         "polygate_celery/governance/loop.py",
