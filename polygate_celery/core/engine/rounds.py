@@ -186,7 +186,8 @@ def after_poll(state: CallState, event: Event, now: float) -> Step:
     refusal = state.refusal
     if moved_in_s is None or refusal is None or refusal.booked_in_s is None:
         return begin_round(state, event, now)
-    state = replace(state, refusal=dataclasses.replace(refusal, booked_in_s=moved_in_s))
+    moved = dataclasses.replace(refusal, booked_in_s=moved_in_s)
+    state = replace(state, refusal=moved, reopen_at=now + moved_in_s)
     step = check_stall(state, now, "denied_stall")
     return step if step is not None else _wait_after_refusal(state, now)
 

@@ -9,7 +9,6 @@ from is booked anew at once and told (`rebook`).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from polygate_celery.core.quota import ARRIVAL_MARGIN_S, charge_s, gcra_book, gcra_settle
@@ -51,6 +50,7 @@ def _book(
     request: AdmitRequest,
     now: float,
     robbed: list[_Robbed],
+    fits: bool = False,
 ) -> list[float] | None:
     best: tuple[float, list[float], list[Dim], SourceState] | None = None
     for terms, state in candidates:
@@ -61,7 +61,7 @@ def _book(
     assert best is not None
     slot, tats, dims, state = best
     if request.standing is not PLAIN or request.arrival is not None:
-        taken = take_booked(ledger, candidates, call_id, request, slot, now, robbed)
+        taken = take_booked(ledger, candidates, call_id, request, slot, now, robbed, fits)
         if taken is not None:
             return taken
     if slot - now > request.book_within_s:
@@ -109,6 +109,7 @@ def take_booked(
     fresh_slot: float,
     now: float,
     robbed: list[_Robbed],
+    fits: bool = False,
 ) -> list[float] | None:
     """A slot ahead that a waiter of a class the caller's is served before booked at one
     of `candidates`, or a call of the caller's class it comes before (a later one, or,
@@ -129,7 +130,7 @@ def take_booked(
     slot goes to one owed a slot there, else to the higher (`core.standing.slot_goes_to`);
     a `PLAIN` caller takes a later call's slot only. The booking, or None (as
     admit_booking.lua's `take_booked`)."""
-    found = _takeable(ledger, candidates, request, fresh_slot, now)
+    found = _takeable(ledger, candidates, request, fresh_slot, now, fits)
     if found is None:
         return None
     slot, terms, state, other, shift = found
@@ -155,6 +156,7 @@ def _takeable(
     request: AdmitRequest,
     fresh_slot: float,
     now: float,
+    fits: bool,
 ) -> tuple[float, SourceTerms, SourceState, str, float] | None:
     """The slot `take_booked` takes: (its slot for the caller, candidate, its state, the
     booker, how much later it moves the bookings after it), or None."""
@@ -183,7 +185,7 @@ def _takeable(
             shift = max((d.later_s(booking[3], request.est_tokens) for d in tokens), default=0.0)
             if slot <= now or (best is not None and slot + shift >= best[0]):
                 continue
-            if shift > 0 and not movable:
+            if shift > 0 and (fits or not movable):
                 continue  # the bucket has room at that slot for the booker's tokens alone
             if theirs == rank:
                 booker_tag = None if booking[5] == NO_TAG else booking[5]
@@ -256,8 +258,11 @@ def rebook(ledger: Ledger, robbed: list[_Robbed], request: AdmitRequest, now: fl
     on for that slot instead of asking at its old one to learn it. At most `MOVES` per
     booking; one left over (or one of no tokens where the caller's has some, or the
     other way round: other buckets) finds its slot gone when it asks, and books then.
-    Its terms are the caller's (the classes' floors) but for its place, estimate and
-    claim, kept in its booking (as admit_booking.lua's `rebook`)."""
+    Its terms are the caller's (the classes' floors; its horizon, the scope's stall
+    window as the caller has it left) but for its place, estimate and claim, kept in its
+    booking. It takes no slot that would move the bookings after it (`fits`: those of
+    calls served before it, the caller's among them); with none within the horizon it
+    is told to ask now, and books with its own then (as admit_booking.lua's `rebook`)."""
     for _ in range(MOVES):
         if not robbed:
             return
@@ -273,14 +278,14 @@ def rebook(ledger: Ledger, robbed: list[_Robbed], request: AdmitRequest, now: fl
             call_id=r.call_id,
             est_tokens=int(est),
             claim_s=until - slot,
-            book_within_s=math.inf,
+            book_within_s=request.book_within_s,
             standing=standing,
             arrival=int(arrival),
             tag=None if tag_ == NO_TAG else tag_,
         )
-        made = _book(ledger, [(r.terms, r.state)], r.call_id, theirs, now, robbed)
-        if made is not None:
-            ledger.releases.move_call(r.call_id, r.terms.name, made[0] - now)
+        made = _book(ledger, [(r.terms, r.state)], r.call_id, theirs, now, robbed, fits=True)
+        # (none within the caller's horizon: it asks now, and books with its own then)
+        ledger.releases.move_call(r.call_id, r.terms.name, 0.0 if made is None else made[0] - now)
 
 
 def _own(terms: SourceTerms) -> bool:

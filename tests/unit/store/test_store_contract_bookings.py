@@ -433,3 +433,27 @@ async def test_a_lower_classs_booking_is_taken_before_a_later_call_of_ones_own(
     assert lower.booked_in_s == pytest.approx(mine.booked_in_s + 1.0)
     again = await h.deny(RPM, waiter="i1", standing=INTERACTIVE, **WITHIN)
     assert again.booked_in_s == pytest.approx(lower.booked_in_s)
+
+
+async def test_a_booker_booked_anew_never_moves_a_call_served_before_it(h: Harness) -> None:
+    """A larger call taking a smaller booking's slot moves the bookings after it later;
+    a booker booked anew after its slot was taken takes no such slot, so the call that
+    took its slot (served before it) keeps the slot it was told and is admitted there."""
+    tpm = SourceTerms("tpm", 100, quota=QuotaTerms("source:tpm", tpm=6000))  # 100 a second
+    held = None
+    for est in (1500, 10, 1):  # the burst spent, to the last token
+        while isinstance(answer := await h.admit(tpm, est_tokens=est), Grant):
+            if held is None and est == 1500:
+                held = answer  # settled later, 100 of its tokens unused: 1 s handed back
+            else:
+                await h.settle(answer, tpm, est_tokens=est, used_tokens=est)
+    assert held is not None
+    high, middle, low = Standing(rank=0), Standing(rank=1), Standing(rank=2)
+    await h.deny(tpm, waiter="low", standing=low, est_tokens=10, **WITHIN)
+    await h.settle(held, tpm, est_tokens=1500, used_tokens=1400)
+    booked = await h.deny(tpm, waiter="middle", standing=middle, est_tokens=1500, **WITHIN)
+    taken = await h.deny(tpm, waiter="high", standing=high, est_tokens=1500, **WITHIN)
+    assert booked.booked_in_s is not None
+    assert taken.booked_in_s == pytest.approx(booked.booked_in_s)  # middle's slot, kept
+    h.clock.advance(taken.booked_in_s)
+    assert isinstance(await h.admit(tpm, waiter="high", standing=high, est_tokens=1500), Grant)

@@ -413,7 +413,7 @@ elseif book_within > 0 and waits ~= '0' and #bookable > 0 and next(slot_of) == n
     and take_booked(bookable, now, book_within, s_rank, s_floors, claim_s, booking_at, est,
       given_arrival ~= '' and tonumber(arrival) or nil, ARGV[9] == '', tag_at, robbed)
   if not in_s then in_s = book(bookable, now, book_within, claim_s, booking_at) end
-  rebook(robbed, now, s_floors, ARGV[9] == '', est)
+  rebook(robbed, now, book_within, s_floors, ARGV[9] == '', est)
   if in_s then
     if soonest == nil or in_s < soonest then denial[2] = fmt(in_s) end
     denial[1] = 3

@@ -77,7 +77,7 @@ local function tell_moved(member, name, in_s)
 end
 
 local function take_booked(bookable, now, book_within, rank, floors, claim_s, booking_at,
-                           est, arrival, plain, tag_at, robbed)
+                           est, arrival, plain, tag_at, robbed, fits)
   local fl = floors_of(floors)
   local bests = {{}, {}}  -- another class's soonest slot, and a later call's of its own
   for _, b in ipairs(bookable) do
@@ -109,7 +109,7 @@ local function take_booked(bookable, now, book_within, rank, floors, claim_s, bo
         shift = math.max(shift, charge_s(est, d[3]) - charge_s(tonumber(booker_est), d[3]))
       end
       local which = nil
-      if r and shift > 0 and not movable then
+      if r and shift > 0 and (fits or not movable) then
         which = nil  -- the bucket has room at that slot for the booker's tokens alone
       elseif r and r ~= rank and first[r] then
         which = bests[1]
@@ -208,10 +208,14 @@ end
 -- booker left over, or one of another version, finds its slot gone when it asks
 -- there, and books anew then. `est` the caller's estimate: a booker whose estimate is
 -- 0 where the caller's is not (or the other way round) is charged to other buckets,
--- and left to ask. Its terms are the caller's (`floors`, `plain`: the scope's classes)
--- but for its own place, estimate and claim, kept in its booking.
+-- and left to ask. Its terms are the caller's (`floors`, `plain`: the scope's classes;
+-- `book_within`: its horizon, the scope's stall window as the caller has it left) but
+-- for its own place, estimate and claim, kept in its booking. It takes no slot that
+-- would move the bookings after it (a larger booker's: those may be of calls served
+-- before it, the caller's among them); with no slot within the horizon it is told to
+-- ask now (0 s), and books with its own horizon then.
 local MOVES = 32
-local function rebook(robbed, now, floors, plain, est)
+local function rebook(robbed, now, book_within, floors, plain, est)
   for _ = 1, MOVES do
     local r = table.remove(robbed, 1)
     if not r then return end
@@ -228,10 +232,14 @@ local function rebook(robbed, now, floors, plain, est)
       local mine = {{b[1], dims, b[3]}}
       local function at() return member end
       local function tag_at() return tag, false end
-      local in_s = take_booked(mine, now, math.huge, tonumber(rank), floors, tonumber(claim),
-        at, tonumber(e), tonumber(arr), plain, tag_at, robbed)
-        or book(mine, now, math.huge, tonumber(claim), at)
-      tell_moved(member, ARGV[T + 6 * b[1] - 5], in_s)
+      local in_s = take_booked(mine, now, book_within, tonumber(rank), floors, tonumber(claim),
+        at, tonumber(e), tonumber(arr), plain, tag_at, robbed, true)
+        or book(mine, now, book_within, tonumber(claim), at)
+      if in_s then
+        tell_moved(member, ARGV[T + 6 * b[1] - 5], in_s)
+      else  -- none within the caller's horizon: it asks at its old slot, and books then
+        tell_moved(member, ARGV[T + 6 * b[1] - 5], 0)
+      end
     end
   end
 end
