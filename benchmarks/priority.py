@@ -1,8 +1,9 @@
 """Priority classes on a shared quota: how long interactive calls wait behind a batch backlog.
 
 Run: ``.venv/bin/python benchmarks/priority.py [--processes 4] [--batch-callers 16]
-[--warmup-s 45] [--label NAME]`` (a private ``redis-server``; the simulator in this
-process). Prints a Markdown report; `benchmarks/results/priority.md` holds the
+[--warmup-s 45] [--label NAME] [--plot PATH]`` (a private ``redis-server``; the
+simulator in this process). Prints a Markdown report, and with ``--plot`` each class's
+grants over time; `benchmarks/results/priority.md` (and `priority.png`) hold the
 committed run.
 
 One simulated source, ``max_concurrency = 8`` and ``rpm = 600`` (a bucket, the
@@ -123,7 +124,58 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else float("nan")
 
 
-async def run(url: str, processes: int, batch_callers: int, warmup_s: float, label: str) -> str:
+BIN_S = 2.0  # the plot's bins
+
+
+def plot(grants: list[tuple[float, str, float]], began: float, warmup_s: float, path: Path) -> bool:
+    """Each class's grants per second (`BIN_S` bins) over the run, the phases marked."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        print("matplotlib is not installed (pip install '.[bench]'): no plot", file=sys.stderr)
+        return False
+    bins = int((max(at for at, _, _ in grants) - began) // BIN_S) + 1
+    figure, axis = plt.subplots(figsize=(9, 4))
+    for klass in ("interactive", "batch"):
+        per_bin = [0] * bins
+        for at, who, _ in grants:
+            if who == klass:
+                per_bin[int((at - began) // BIN_S)] += 1
+        axis.step([BIN_S * k for k in range(bins)], [n / BIN_S for n in per_bin], where="post",
+                  label=klass)  # fmt: skip
+    axis.axhline(RPM / 60.0, color="grey", linewidth=0.5)  # the quota
+    axis.axhline(RPM / 60.0 * FLOOR, color="grey", linewidth=0.5, linestyle=":")  # batch's floor
+    mark = warmup_s
+    for _, _, seconds in PHASES:
+        axis.axvline(mark, color="grey", linestyle="--", linewidth=0.8)
+        mark += seconds
+    axis.axvline(mark, color="grey", linestyle="--", linewidth=0.8)
+    axis.set_ylim(0, RPM / 60.0 * 1.5)  # (the bucket's first burst, at the start, is cut off)
+    axis.set_xlabel("seconds")
+    axis.set_ylabel(f"grants per second ({BIN_S:g} s bins)")
+    axis.set_title(
+        f"Two classes on one {RPM} RPM quota (grey: the quota, dotted: batch's floor; dashed: "
+        "the phases)",
+        fontsize=10,
+    )
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return True
+
+
+async def run(
+    url: str,
+    processes: int,
+    batch_callers: int,
+    warmup_s: float,
+    label: str,
+    plot_path: str | None = None,
+) -> str:
     run_id = uuid.uuid4().hex[:8]
     with bucket_provider("prio-model", CAP, RPM, LATENCY_S) as provider:
         specs = {
@@ -200,6 +252,8 @@ async def run(url: str, processes: int, batch_callers: int, warmup_s: float, lab
     ]
     if refusals:
         failed.append(f"{refusals} provider refusals")
+    if plot_path and plot(grants, began, warmup_s, Path(plot_path)):
+        lines += ["", f"![grants per class]({Path(plot_path).name})"]
     if failed:
         lines += ["", "**FAILED**: " + "; ".join(failed)]
     return "\n".join(lines)
@@ -210,11 +264,14 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--batch-callers", type=int, default=16)
     parser.add_argument("--warmup-s", type=float, default=45.0)
+    parser.add_argument("--plot", help="write the plot here (PNG)")
     args = fleet_args(parser, worker)
     if args is None:
         return
     report_on_a_private_redis(
-        lambda url: run(url, args.processes, args.batch_callers, args.warmup_s, args.label),
+        lambda url: run(
+            url, args.processes, args.batch_callers, args.warmup_s, args.label, args.plot
+        ),
         "a target missed (see the report)",
     )
 
