@@ -312,3 +312,31 @@ def report_on_a_private_redis(report: Callable[[str], Awaitable[str]], failed: s
     print(text)
     if "**FAILED**" in text:
         raise SystemExit(failed)
+
+
+def plot_axes(ylabel: str, title: str) -> tuple[Any, Any] | None:
+    """A 9 x 4 figure and its axes, seconds along, `ylabel` up, for a benchmark's plot;
+    None (said on stderr) when matplotlib is not installed."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        print("matplotlib is not installed (pip install '.[bench]'): no plot", file=sys.stderr)
+        return None
+    figure, axis = plt.subplots(figsize=(9, 4))
+    axis.set_xlabel("seconds")
+    axis.set_ylabel(ylabel)
+    axis.set_title(title, fontsize=10)
+    return figure, axis
+
+
+def save_plot(figure: Any, axis: Any, path: Any) -> None:
+    """Write the plot (`plot_axes`'s) to `path`, with its legend, and free it."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)

@@ -36,9 +36,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._fleet import (  # noqa: E402
     count_admissions,
     fleet_args,
+    plot_axes,
     ready_then_wait,
     report_on_a_private_redis,
     run_on_simulator,
+    save_plot,
     tenants_calling,
 )
 
@@ -121,17 +123,16 @@ def plot(
     served: list[tuple[float, str, int]], began: float, marks: list[float], path: Path
 ) -> bool:
     """Each tenant's tokens served per `BIN_S`, over the run."""
-    try:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        print("matplotlib is not installed (pip install '.[bench]'): no plot", file=sys.stderr)
+    made = plot_axes(
+        f"tokens served per second ({BIN_S:g} s bins)",
+        f"Three tenants on one {TPM:,} TPM quota (grey: 1:2:5 of it; dashed: the windows, "
+        "a's last call)",
+    )
+    if made is None:
         return False
+    figure, axis = made
     end = max(at for at, _, _ in served) - began
     bins = int(end // BIN_S) + 1
-    figure, axis = plt.subplots(figsize=(9, 4))
     for tenant, (weight, _) in TENANTS.items():
         per_bin = [0] * bins
         for at, who, cost in served:
@@ -144,17 +145,7 @@ def plot(
     axis.set_ylim(0, TPM / 60)  # (the bucket's first burst, at the start, is cut off)
     for mark in marks:
         axis.axvline(mark - began, color="grey", linestyle="--", linewidth=0.8)
-    axis.set_xlabel("seconds")
-    axis.set_ylabel(f"tokens served per second ({BIN_S:g} s bins)")
-    axis.set_title(
-        f"Three tenants on one {TPM:,} TPM quota (grey: 1:2:5 of it; dashed: the windows, "
-        "a's last call)",
-        fontsize=10,
-    )
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
+    save_plot(figure, axis, path)
     return True
 
 

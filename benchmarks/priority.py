@@ -42,9 +42,11 @@ from benchmarks._fleet import (  # noqa: E402
     chat_config,
     count_waits,
     fleet_args,
+    plot_axes,
     ready_then_wait,
     report_on_a_private_redis,
     run_fleet,
+    save_plot,
 )
 
 CAP, RPM = 8, 600
@@ -129,16 +131,15 @@ BIN_S = 2.0  # the plot's bins
 
 def plot(grants: list[tuple[float, str, float]], began: float, warmup_s: float, path: Path) -> bool:
     """Each class's grants per second (`BIN_S` bins) over the run, the phases marked."""
-    try:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        print("matplotlib is not installed (pip install '.[bench]'): no plot", file=sys.stderr)
+    made = plot_axes(
+        f"grants per second ({BIN_S:g} s bins)",
+        f"Two classes on one {RPM} RPM quota (grey: the quota, dotted: batch's floor; dashed: "
+        "the phases)",
+    )
+    if made is None:
         return False
+    figure, axis = made
     bins = int((max(at for at, _, _ in grants) - began) // BIN_S) + 1
-    figure, axis = plt.subplots(figsize=(9, 4))
     for klass in ("interactive", "batch"):
         per_bin = [0] * bins
         for at, who, _ in grants:
@@ -154,17 +155,7 @@ def plot(grants: list[tuple[float, str, float]], began: float, warmup_s: float, 
         mark += seconds
     axis.axvline(mark, color="grey", linestyle="--", linewidth=0.8)
     axis.set_ylim(0, RPM / 60.0 * 1.5)  # (the bucket's first burst, at the start, is cut off)
-    axis.set_xlabel("seconds")
-    axis.set_ylabel(f"grants per second ({BIN_S:g} s bins)")
-    axis.set_title(
-        f"Two classes on one {RPM} RPM quota (grey: the quota, dotted: batch's floor; dashed: "
-        "the phases)",
-        fontsize=10,
-    )
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
+    save_plot(figure, axis, path)
     return True
 
 
